@@ -1,0 +1,343 @@
+//! An in-process order bus with Kafka's delivery semantics, for the embedded backend and tests:
+//! keyed partitions (one key always lands on one partition, in order), one consumer group whose
+//! members split the partitions, at-least-once delivery (a record polled but not committed is
+//! delivered again after a rewind or when its consumer goes away), and a dead-letter list.
+//!
+//! Bounded: at most `capacity` records may wait uncommitted across all partitions; beyond that
+//! `publish` fails determinately (like a full producer queue), so a stalled consumer turns into
+//! fast errors at the edge instead of unbounded memory.
+//!
+//! State sits behind one `std::sync::Mutex` (nothing awaits while it is held); a `Notify` wakes
+//! consumers waiting in `poll`.
+
+use crate::domain::Reservation;
+use crate::ports::{Delivery, OrderBus, OrderSource, PortError, PortResult};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// How long a poll waits for records before returning an empty batch (by default): short, so a
+/// consumer asked to stop notices soon; long enough not to spin.
+const POLL_WAIT: Duration = Duration::from_millis(50);
+
+#[derive(Clone)]
+pub struct EmbeddedBus {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<BusState>,
+    notify: Notify,
+    capacity: usize,
+    poll_wait: Duration,
+}
+
+struct BusState {
+    partitions: Vec<PartitionLog>,
+    /// The one group's committed offsets, one per partition (next offset to read).
+    committed: Vec<u64>,
+    /// Live members, in join order; partition p belongs to `members[p % members.len()]`.
+    members: BTreeSet<u64>,
+    /// Bumped on every join and leave, so members notice their assignment changed.
+    generation: u64,
+    next_member: u64,
+    group: Option<String>,
+    dead_letters: Vec<DeadLetter>,
+}
+
+struct PartitionLog {
+    /// Offset of `records[0]`; records below the committed offset are trimmed.
+    base: u64,
+    records: VecDeque<(String, Vec<u8>)>,
+}
+
+impl PartitionLog {
+    fn end(&self) -> u64 {
+        self.base + self.records.len() as u64
+    }
+}
+
+/// A message that could not be applied, with the reason (Kafka: the DLQ topic plus a header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub partition: u32,
+    pub offset: u64,
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub reason: String,
+}
+
+/// FNV-1a of the key: stable across processes, so a key's partition never moves.
+fn partition_of(key: &str, partitions: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % partitions as u64) as usize
+}
+
+impl EmbeddedBus {
+    pub fn new(partitions: u32, capacity: usize) -> EmbeddedBus {
+        assert!(
+            partitions >= 1 && capacity >= 1,
+            "bus: at least one partition and one slot"
+        );
+        let n = partitions as usize;
+        EmbeddedBus {
+            shared: Arc::new(Shared {
+                state: Mutex::new(BusState {
+                    partitions: (0..n)
+                        .map(|_| PartitionLog {
+                            base: 0,
+                            records: VecDeque::new(),
+                        })
+                        .collect(),
+                    committed: vec![0; n],
+                    members: BTreeSet::new(),
+                    generation: 0,
+                    next_member: 0,
+                    group: None,
+                    dead_letters: Vec::new(),
+                }),
+                notify: Notify::new(),
+                capacity,
+                poll_wait: POLL_WAIT,
+            }),
+        }
+    }
+
+    /// The same bus with another poll wait (tests use zero: an empty poll returns at once).
+    pub fn with_poll_wait(partitions: u32, capacity: usize, poll_wait: Duration) -> EmbeddedBus {
+        let bus = Self::new(partitions, capacity);
+        let shared = Arc::into_inner(bus.shared).expect("just created");
+        EmbeddedBus {
+            shared: Arc::new(Shared { poll_wait, ..shared }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BusState> {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records published but not yet committed by the group (the consumer lag).
+    pub fn lag(&self) -> u64 {
+        let st = self.lock();
+        st.partitions
+            .iter()
+            .zip(&st.committed)
+            .map(|(p, c)| p.end() - c)
+            .sum()
+    }
+
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.lock().dead_letters.clone()
+    }
+
+    fn append(&self, key: &str, payload: &[u8]) -> PortResult<()> {
+        let mut st = self.lock();
+        let lag: u64 = st
+            .partitions
+            .iter()
+            .zip(&st.committed)
+            .map(|(p, c)| p.end() - c)
+            .sum();
+        if lag >= self.shared.capacity as u64 {
+            return Err(PortError::determinate(
+                "publish",
+                format!("bus full ({lag} records uncommitted)"),
+            ));
+        }
+        let p = partition_of(key, st.partitions.len());
+        st.partitions[p]
+            .records
+            .push_back((key.to_string(), payload.to_vec()));
+        drop(st);
+        self.shared.notify.notify_waiters();
+        Ok(())
+    }
+}
+
+impl OrderBus for EmbeddedBus {
+    type Source = EmbeddedConsumer;
+
+    async fn publish(&self, r: &Reservation) -> PortResult<()> {
+        self.append(&r.bus_key(), &r.encode())
+    }
+
+    async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
+        self.append(key, payload)
+    }
+
+    async fn subscribe(&self, group: &str) -> PortResult<EmbeddedConsumer> {
+        let mut st = self.lock();
+        match &st.group {
+            Some(g) if g != group => {
+                return Err(PortError::determinate(
+                    "subscribe",
+                    format!("the embedded bus has one consumer group ({g}), not {group}"),
+                ))
+            }
+            _ => st.group = Some(group.to_string()),
+        }
+        let member = st.next_member;
+        st.next_member += 1;
+        st.members.insert(member);
+        st.generation += 1;
+        let n = st.partitions.len();
+        Ok(EmbeddedConsumer {
+            bus: self.clone(),
+            member,
+            generation: 0,
+            positions: vec![None; n],
+            next_start: 0,
+        })
+    }
+}
+
+/// One member of the consumer group. Dropping it leaves the group; its uncommitted records go to
+/// whichever member owns their partition next, from the committed offset.
+pub struct EmbeddedConsumer {
+    bus: EmbeddedBus,
+    member: u64,
+    /// The group generation our `positions` belong to.
+    generation: u64,
+    /// Next offset to read per partition; `None` for partitions we do not own.
+    positions: Vec<Option<u64>>,
+    /// Partition to start the next poll at, so one busy partition cannot starve the others.
+    next_start: usize,
+}
+
+impl EmbeddedConsumer {
+    fn sync_assignment(&mut self, st: &BusState) {
+        if self.generation == st.generation {
+            return;
+        }
+        self.generation = st.generation;
+        let rank = st.members.iter().position(|m| *m == self.member);
+        let k = st.members.len();
+        for (p, pos) in self.positions.iter_mut().enumerate() {
+            *pos = match rank {
+                Some(r) if p % k == r => Some(st.committed[p]),
+                _ => None,
+            };
+        }
+    }
+
+    fn take(&mut self, max: usize) -> Vec<Delivery> {
+        let bus = self.bus.clone();
+        let st = bus.lock();
+        self.sync_assignment(&st);
+        let n = self.positions.len();
+        let mut out = Vec::new();
+        for i in 0..n {
+            let p = (self.next_start + i) % n;
+            let Some(pos) = self.positions[p] else { continue };
+            let log = &st.partitions[p];
+            let mut next = pos.max(log.base);
+            while next < log.end() && out.len() < max {
+                let (key, payload) = &log.records[(next - log.base) as usize];
+                out.push(Delivery {
+                    partition: p as u32,
+                    offset: next,
+                    key: key.clone(),
+                    payload: payload.clone(),
+                });
+                next += 1;
+            }
+            self.positions[p] = Some(next);
+            if out.len() >= max {
+                break;
+            }
+        }
+        self.next_start = (self.next_start + 1) % n;
+        drop(st);
+        out
+    }
+}
+
+impl OrderSource for EmbeddedConsumer {
+    async fn poll(&mut self, max: usize) -> PortResult<Vec<Delivery>> {
+        let max = max.max(1);
+        let shared = self.bus.shared.clone();
+        let notify = &shared.notify;
+        let deadline = tokio::time::Instant::now() + shared.poll_wait;
+        loop {
+            // Register interest before looking, so a publish in between is not missed.
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let batch = self.take(max);
+            if !batch.is_empty() {
+                return Ok(batch);
+            }
+            // `timeout`, not `timeout_at`: madsim's time module has only the former.
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if tokio::time::timeout(left, notified).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    async fn commit(&mut self, batch: &[Delivery]) -> PortResult<()> {
+        let mut st = self.bus.lock();
+        if self.generation != st.generation {
+            return Err(PortError::determinate(
+                "commit",
+                "the group rebalanced since this batch was polled",
+            ));
+        }
+        for d in batch {
+            let p = d.partition as usize;
+            if self.positions.get(p).copied().flatten().is_none() {
+                return Err(PortError::determinate(
+                    "commit",
+                    format!("partition {p} is not assigned here"),
+                ));
+            }
+            st.committed[p] = st.committed[p].max(d.offset + 1);
+        }
+        // Trim what the group no longer needs.
+        for p in 0..st.partitions.len() {
+            let committed = st.committed[p];
+            let log = &mut st.partitions[p];
+            while log.base < committed && !log.records.is_empty() {
+                log.records.pop_front();
+                log.base += 1;
+            }
+        }
+        Ok(())
+    }
+
+    async fn dead_letter(&mut self, d: &Delivery, reason: &str) -> PortResult<()> {
+        let mut st = self.bus.lock();
+        if st.dead_letters.len() >= self.bus.shared.capacity {
+            return Err(PortError::determinate("dead letter", "dead-letter list full"));
+        }
+        st.dead_letters.push(DeadLetter {
+            partition: d.partition,
+            offset: d.offset,
+            key: d.key.clone(),
+            payload: d.payload.clone(),
+            reason: reason.to_string(),
+        });
+        Ok(())
+    }
+
+    async fn rewind(&mut self) -> PortResult<()> {
+        let bus = self.bus.clone();
+        let st = bus.lock();
+        self.generation = st.generation.wrapping_sub(1); // force a resync from committed offsets
+        self.sync_assignment(&st);
+        Ok(())
+    }
+}
+
+impl Drop for EmbeddedConsumer {
+    fn drop(&mut self) {
+        let mut st = self.bus.lock();
+        st.members.remove(&self.member);
+        st.generation += 1;
+    }
+}

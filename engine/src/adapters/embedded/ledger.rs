@@ -1,0 +1,144 @@
+//! An in-memory ledger with the MySQL contract of DESIGN §6: `stock_bucket` rows with
+//! `remaining >= 0`, `seckill_order` with UNIQUE(reservation_id) and UNIQUE(activity_id, user_id)
+//! (a failed order occupies both, as the row would in MySQL), the conditional stock update, and
+//! a `stock_journal` row for every movement.
+//!
+//! A batch is one transaction: it is applied under one `std::sync::Mutex` and nothing in it can
+//! fail half-way, so either all of it is visible or none of it is.
+
+use crate::domain::{Activity, ActivityId, BucketNo, Reservation, ReservationId, StockPlan, UserId};
+use crate::ports::{
+    ApplyOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow, OrderStatus,
+    PayOutcome, PortResult,
+};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Clone, Default)]
+pub struct EmbeddedLedger {
+    state: Arc<Mutex<LedgerState>>,
+}
+
+#[derive(Default)]
+struct LedgerState {
+    activities: BTreeMap<ActivityId, Activity>,
+    /// `stock_bucket`: (initial, remaining).
+    buckets: BTreeMap<(ActivityId, BucketNo), (u64, i64)>,
+    /// `seckill_order`, by its unique reservation id.
+    orders: BTreeMap<ReservationId, OrderRow>,
+    /// The UNIQUE(activity_id, user_id) index.
+    by_user: BTreeMap<(ActivityId, UserId), ReservationId>,
+    /// `stock_journal`, in insertion order, per activity.
+    journal: BTreeMap<ActivityId, Vec<JournalEntry>>,
+}
+
+impl EmbeddedLedger {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LedgerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl LedgerState {
+    fn apply_one(&mut self, r: &Reservation) -> ApplyOutcome {
+        if self.orders.contains_key(&r.id) {
+            return ApplyOutcome::Redelivered;
+        }
+        if let Some(existing) = self.by_user.get(&(r.activity, r.user)) {
+            return ApplyOutcome::DuplicateBuyer { existing: *existing };
+        }
+        let Some((_, remaining)) = self.buckets.get_mut(&(r.activity, r.bucket)) else {
+            return ApplyOutcome::UnknownBucket;
+        };
+        let qty = r.qty as i64;
+        let (status, outcome) = if *remaining >= qty {
+            *remaining -= qty;
+            self.journal.entry(r.activity).or_default().push(JournalEntry {
+                bucket: r.bucket,
+                kind: JournalKind::Order,
+                reference: r.id.to_string(),
+                delta: -qty,
+            });
+            (OrderStatus::Created, ApplyOutcome::Created)
+        } else {
+            (OrderStatus::Failed, ApplyOutcome::OutOfStock)
+        };
+        self.orders.insert(
+            r.id,
+            OrderRow {
+                reservation: r.clone(),
+                status,
+            },
+        );
+        self.by_user.insert((r.activity, r.user), r.id);
+        outcome
+    }
+}
+
+impl Ledger for EmbeddedLedger {
+    async fn install(&self, activity: &Activity, plan: &StockPlan) -> PortResult<bool> {
+        let mut st = self.lock();
+        if st.activities.contains_key(&activity.id()) {
+            return Ok(false);
+        }
+        st.activities.insert(activity.id(), activity.clone());
+        for b in plan.all_buckets() {
+            let units = plan.initial(b);
+            st.buckets.insert((activity.id(), b), (units, units as i64));
+        }
+        Ok(true)
+    }
+
+    async fn apply(&self, batch: &[Reservation]) -> PortResult<Vec<ApplyOutcome>> {
+        let mut st = self.lock();
+        Ok(batch.iter().map(|r| st.apply_one(r)).collect())
+    }
+
+    async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
+        let mut st = self.lock();
+        let Some(order) = st.orders.get_mut(&id) else {
+            return Ok(PayOutcome::NotFound);
+        };
+        Ok(match order.status {
+            OrderStatus::Created => {
+                order.status = OrderStatus::Paid;
+                PayOutcome::Paid
+            }
+            OrderStatus::Paid => PayOutcome::AlreadyPaid,
+            other => PayOutcome::NotPayable(other),
+        })
+    }
+
+    async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {
+        let st = self.lock();
+        Ok(st
+            .by_user
+            .get(&(activity, user))
+            .and_then(|id| st.orders.get(id))
+            .cloned())
+    }
+
+    async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
+        let st = self.lock();
+        Ok(LedgerView {
+            buckets: st
+                .buckets
+                .range((activity, BucketNo(0))..=(activity, BucketNo(u32::MAX)))
+                .map(|(&(_, bucket), &(initial, remaining))| LedgerBucket {
+                    bucket,
+                    initial,
+                    remaining,
+                })
+                .collect(),
+            orders: st
+                .by_user
+                .range((activity, UserId(0))..=(activity, UserId(u64::MAX)))
+                .filter_map(|(_, id)| st.orders.get(id).cloned())
+                .collect(),
+            journal: st.journal.get(&activity).cloned().unwrap_or_default(),
+        })
+    }
+}

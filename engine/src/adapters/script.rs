@@ -1,0 +1,497 @@
+//! The `StockCache` over any connection that can run our Lua scripts: real Redis, a Redis
+//! Cluster, the embedded model or a simulated Redis node. Key names, script arguments and reply
+//! shapes live here once; a backend only supplies `ScriptConn` (EVALSHA + SCRIPT LOAD).
+//!
+//! The reserve/release/settle logic itself lives only in `lua/`. This file builds arguments,
+//! checks them before the call and checks the reply's shape after it (a reply of the wrong shape
+//! means we do not know what happened: `Indeterminate`).
+
+use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
+use crate::ports::{
+    CacheBucket, CacheView, MetaView, PortError, PortResult, ReleaseKind, ReserveOutcome, StockCache,
+    WarmupReport,
+};
+use std::future::Future;
+use std::sync::OnceLock;
+
+/// A RESP2 reply, as Redis (or the model) returns it from a script.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Nil,
+    Int(i64),
+    Bulk(Vec<u8>),
+    Status(String),
+    Error(String),
+    Array(Vec<Reply>),
+}
+
+/// The scripts under `lua/`, embedded at build time and called by SHA1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Script {
+    Warmup,
+    Reserve,
+    Release,
+    Settle,
+    Inspect,
+}
+
+impl Script {
+    pub const ALL: [Script; 5] = [
+        Script::Warmup,
+        Script::Reserve,
+        Script::Release,
+        Script::Settle,
+        Script::Inspect,
+    ];
+
+    pub fn source(self) -> &'static str {
+        match self {
+            Script::Warmup => include_str!("../../../lua/warmup.lua"),
+            Script::Reserve => include_str!("../../../lua/reserve.lua"),
+            Script::Release => include_str!("../../../lua/release.lua"),
+            Script::Settle => include_str!("../../../lua/settle.lua"),
+            Script::Inspect => include_str!("../../../lua/inspect.lua"),
+        }
+    }
+
+    /// The SHA1 Redis knows the script by, computed once per process.
+    pub fn sha1(self) -> &'static str {
+        static SHAS: OnceLock<Vec<String>> = OnceLock::new();
+        let shas = SHAS.get_or_init(|| Script::ALL.iter().map(|s| sha1_hex(s.source())).collect());
+        &shas[self as usize]
+    }
+}
+
+pub fn sha1_hex(source: &str) -> String {
+    sha1_smol::Sha1::from(source).digest().to_string()
+}
+
+/// What a backend must offer to run the scripts. Transport failures are `PortError`s; anything
+/// Redis answered (including `NOSCRIPT` and script errors) is a `Reply`.
+pub trait ScriptConn: Clone + Send + Sync + 'static {
+    fn eval_sha(
+        &self,
+        sha: &str,
+        keys: &[String],
+        args: &[String],
+    ) -> impl Future<Output = PortResult<Reply>> + Send;
+
+    fn script_load(&self, source: &str) -> impl Future<Output = PortResult<()>> + Send;
+}
+
+pub fn stock_key(a: ActivityId, b: BucketNo) -> String {
+    format!("sk:{{{a}.{b}}}:stock")
+}
+pub fn buyers_key(a: ActivityId, b: BucketNo) -> String {
+    format!("sk:{{{a}.{b}}}:buyers")
+}
+pub fn resv_key(a: ActivityId, b: BucketNo) -> String {
+    format!("sk:{{{a}.{b}}}:resv")
+}
+pub fn xfer_key(a: ActivityId, b: BucketNo) -> String {
+    format!("sk:{{{a}.{b}}}:xfer")
+}
+pub fn meta_key(a: ActivityId) -> String {
+    format!("sk:{{{a}}}:meta")
+}
+
+fn bucket_keys(a: ActivityId, b: BucketNo) -> Vec<String> {
+    vec![stock_key(a, b), buyers_key(a, b), resv_key(a, b), xfer_key(a, b)]
+}
+
+/// `StockCache` for every backend that speaks scripts.
+#[derive(Clone)]
+pub struct ScriptedStockCache<C> {
+    conn: C,
+}
+
+fn bad_reply(op: &'static str, reply: &Reply) -> PortError {
+    PortError::indeterminate(op, format!("unexpected reply {reply:?}"))
+}
+
+fn as_str(r: &Reply) -> Option<&str> {
+    match r {
+        Reply::Bulk(b) => std::str::from_utf8(b).ok(),
+        Reply::Status(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// A reply of the form `{"tag", ...}`: the tag and the rest.
+fn tagged<'r>(op: &'static str, reply: &'r Reply) -> PortResult<(&'r str, &'r [Reply])> {
+    if let Reply::Array(items) = reply {
+        if let Some(tag) = items.first().and_then(as_str) {
+            return Ok((tag, &items[1..]));
+        }
+    }
+    Err(bad_reply(op, reply))
+}
+
+/// A flat `field, value, field, value …` array as string pairs.
+fn pairs(op: &'static str, reply: &Reply) -> PortResult<Vec<(String, String)>> {
+    let Reply::Array(items) = reply else {
+        return Err(bad_reply(op, reply));
+    };
+    if items.len() % 2 != 0 {
+        return Err(bad_reply(op, reply));
+    }
+    items
+        .chunks(2)
+        .map(|kv| match (as_str(&kv[0]), as_str(&kv[1])) {
+            (Some(k), Some(v)) => Ok((k.to_string(), v.to_string())),
+            _ => Err(bad_reply(op, reply)),
+        })
+        .collect()
+}
+
+impl<C: ScriptConn> ScriptedStockCache<C> {
+    pub fn new(conn: C) -> Self {
+        ScriptedStockCache { conn }
+    }
+
+    pub fn conn(&self) -> &C {
+        &self.conn
+    }
+
+    /// EVALSHA, loading the script once on NOSCRIPT (it certainly did not run then).
+    async fn run(
+        &self,
+        op: &'static str,
+        script: Script,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> PortResult<Reply> {
+        let mut reply = self.conn.eval_sha(script.sha1(), &keys, &args).await?;
+        if matches!(&reply, Reply::Error(e) if e.starts_with("NOSCRIPT")) {
+            self.conn.script_load(script.source()).await?;
+            reply = self.conn.eval_sha(script.sha1(), &keys, &args).await?;
+        }
+        match reply {
+            // Our scripts check their arguments before any write, so an error reply changed nothing.
+            Reply::Error(e) => Err(PortError::determinate(op, e)),
+            ok => Ok(ok),
+        }
+    }
+
+    /// Run `reserve.lua` (`op` "own" or "fallback") for `candidate` on `candidate.bucket`.
+    async fn reserve_in(
+        &self,
+        op: &'static str,
+        plan: &StockPlan,
+        candidate: &Reservation,
+    ) -> PortResult<String> {
+        let (a, bucket) = (candidate.activity, candidate.bucket);
+        let keys = vec![stock_key(a, bucket), buyers_key(a, bucket), resv_key(a, bucket)];
+        let mut args = vec![
+            op.to_string(),
+            candidate.user.to_string(),
+            candidate.qty.to_string(),
+            candidate.id.to_string(),
+            candidate.reserved_at_ms.to_string(),
+            bucket.to_string(),
+        ];
+        if op == "own" {
+            args.push(if plan.has_fallback() { "1" } else { "0" }.to_string());
+        }
+        let reply = self.run("reserve", Script::Reserve, keys, args).await?;
+        let (tag, rest) = tagged("reserve", &reply)?;
+        match (tag, rest) {
+            ("reserved", [Reply::Int(b)]) if *b == bucket.0 as i64 => Ok(tag.to_string()),
+            ("duplicate" | "empty" | "pending" | "not_warmed", []) => Ok(tag.to_string()),
+            _ => Err(bad_reply("reserve", &reply)),
+        }
+    }
+
+    /// After a fallback attempt: keep the own-bucket mark (the user won) or clear it.
+    async fn resolve_pending(
+        &self,
+        plan: &StockPlan,
+        own: BucketNo,
+        user: UserId,
+        keep: bool,
+    ) -> PortResult<()> {
+        let a = plan.activity;
+        let keys = vec![stock_key(a, own), buyers_key(a, own), resv_key(a, own)];
+        let args = vec![
+            "resolve".into(),
+            user.to_string(),
+            if keep { "keep" } else { "clear" }.into(),
+        ];
+        let reply = self.run("reserve", Script::Reserve, keys, args).await?;
+        match tagged("reserve", &reply)? {
+            ("resolved", [Reply::Int(_)]) => Ok(()),
+            _ => Err(bad_reply("reserve", &reply)),
+        }
+    }
+
+    async fn inspect_bucket(&self, plan: &StockPlan, b: BucketNo) -> PortResult<CacheBucket> {
+        const OP: &str = "snapshot";
+        let reply = self
+            .run(
+                OP,
+                Script::Inspect,
+                bucket_keys(plan.activity, b),
+                vec!["bucket".into()],
+            )
+            .await?;
+        let Reply::Array(items) = &reply else {
+            return Err(bad_reply(OP, &reply));
+        };
+        let [Reply::Int(exists), Reply::Int(stock), Reply::Array(buyers), resv, xfer] = items.as_slice()
+        else {
+            return Err(bad_reply(OP, &reply));
+        };
+        let unparsable = |what: &str, field: &str| {
+            PortError::determinate(OP, format!("bucket {b}: cannot parse {what} entry {field:?}"))
+        };
+        let mut out = CacheBucket {
+            bucket: b,
+            stock: (*exists == 1).then_some(*stock),
+            buyers: Vec::with_capacity(buyers.len()),
+            open: Vec::new(),
+            pending: Vec::new(),
+            transfers_in: 0,
+            transfers_out: 0,
+            cancelled_released: Vec::new(),
+        };
+        for m in buyers {
+            let user = as_str(m)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| bad_reply(OP, m))?;
+            out.buyers.push(UserId(user));
+        }
+        out.buyers.sort();
+        for (field, value) in pairs(OP, resv)? {
+            if let Some(user) = field.strip_prefix("pending:") {
+                let user = user.parse().map_err(|_| unparsable("pending", &field))?;
+                let rid = value.split('|').next().and_then(|r| r.parse().ok());
+                out.pending
+                    .push((UserId(user), rid.ok_or_else(|| unparsable("pending", &value))?));
+                continue;
+            }
+            let id: ReservationId = field.parse().map_err(|_| unparsable("resv", &field))?;
+            let mut parts = value.split('|').map(|p| p.parse::<u64>());
+            let (Some(Ok(user)), Some(Ok(qty)), Some(Ok(at)), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                return Err(unparsable("resv", &value));
+            };
+            out.open.push(Reservation {
+                id,
+                activity: plan.activity,
+                user: UserId(user),
+                bucket: b,
+                qty: u32::try_from(qty).map_err(|_| unparsable("resv", &value))?,
+                reserved_at_ms: at,
+            });
+        }
+        for (field, value) in pairs(OP, xfer)? {
+            let units = || value.parse::<u64>().map_err(|_| unparsable("xfer", &value));
+            if let Some(rid) = field.strip_prefix("rel:") {
+                out.cancelled_released
+                    .push(rid.parse().map_err(|_| unparsable("xfer", &field))?);
+            } else if field.starts_with("give:") {
+                out.transfers_in += units()?;
+            } else if field.starts_with("take:") {
+                out.transfers_out += units()?;
+            } else {
+                return Err(unparsable("xfer", &field));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
+    async fn warmup(&self, plan: &StockPlan) -> PortResult<WarmupReport> {
+        let mut report = WarmupReport::default();
+        for b in plan.all_buckets() {
+            let args = vec!["bucket".into(), plan.initial(b).to_string()];
+            let reply = self
+                .run("warmup", Script::Warmup, vec![stock_key(plan.activity, b)], args)
+                .await?;
+            match tagged("warmup", &reply)? {
+                ("created", [Reply::Int(_)]) => report.created += 1,
+                ("exists", [Reply::Int(_)]) => report.existing += 1,
+                _ => return Err(bad_reply("warmup", &reply)),
+            }
+        }
+        let args = vec!["meta".into(), plan.version.clone(), plan.buckets().to_string()];
+        let reply = self
+            .run("warmup", Script::Warmup, vec![meta_key(plan.activity)], args)
+            .await?;
+        match tagged("warmup", &reply)? {
+            ("created" | "exists", []) => Ok(report),
+            _ => Err(bad_reply("warmup", &reply)),
+        }
+    }
+
+    async fn reserve(
+        &self,
+        plan: &StockPlan,
+        user: UserId,
+        qty: u32,
+        id: ReservationId,
+        now_ms: u64,
+    ) -> PortResult<ReserveOutcome> {
+        if qty == 0 {
+            return Err(PortError::determinate("reserve", "qty must be at least 1"));
+        }
+        let own = Reservation {
+            id,
+            activity: plan.activity,
+            user,
+            bucket: plan.route(user),
+            qty,
+            reserved_at_ms: now_ms,
+        };
+        match self.reserve_in("own", plan, &own).await?.as_str() {
+            "reserved" => return Ok(ReserveOutcome::Reserved(own)),
+            "duplicate" => return Ok(ReserveOutcome::Duplicate),
+            "empty" => return Ok(ReserveOutcome::Empty),
+            "not_warmed" => return Ok(ReserveOutcome::NotWarmed),
+            _pending => {}
+        }
+        // The own bucket left a pending mark: try the fallback, then resolve the mark. If the
+        // fallback's outcome is unknown the mark stays pending for the reconciler to resolve.
+        let fallback = Reservation {
+            bucket: plan.fallback_bucket(),
+            ..own.clone()
+        };
+        let outcome = match self.reserve_in("fallback", plan, &fallback).await {
+            Ok(tag) => tag,
+            Err(e) if e.is_indeterminate() => return Err(e),
+            Err(e) => {
+                // A failed resolve leaves a stale pending mark, which the reconciler clears.
+                let _ = self.resolve_pending(plan, own.bucket, user, false).await;
+                return Err(e);
+            }
+        };
+        let (keep, result) = match outcome.as_str() {
+            "reserved" => (true, ReserveOutcome::Reserved(fallback)),
+            "duplicate" => (true, ReserveOutcome::Duplicate),
+            "not_warmed" => (false, ReserveOutcome::NotWarmed),
+            _empty => (false, ReserveOutcome::Empty),
+        };
+        // The outcome stands whatever the resolve does: a stale pending mark only blocks this
+        // user until the reconciler resolves it, it never moves stock.
+        let _ = self.resolve_pending(plan, own.bucket, user, keep).await;
+        Ok(result)
+    }
+
+    async fn release(&self, r: &Reservation, kind: ReleaseKind) -> PortResult<bool> {
+        let mode = match kind {
+            ReleaseKind::Unpublished => "unpublished",
+            ReleaseKind::Rejected => "rejected",
+            ReleaseKind::Cancelled => "cancelled",
+        };
+        let args = vec![
+            mode.into(),
+            r.id.to_string(),
+            r.user.to_string(),
+            r.qty.to_string(),
+        ];
+        let reply = self
+            .run(
+                "release",
+                Script::Release,
+                bucket_keys(r.activity, r.bucket),
+                args,
+            )
+            .await?;
+        match tagged("release", &reply)? {
+            ("released", [Reply::Int(_)]) => Ok(true),
+            ("absent", []) => Ok(false),
+            _ => Err(bad_reply("release", &reply)),
+        }
+    }
+
+    async fn settle(&self, r: &Reservation) -> PortResult<bool> {
+        let reply = self
+            .run(
+                "settle",
+                Script::Settle,
+                vec![resv_key(r.activity, r.bucket)],
+                vec![r.id.to_string()],
+            )
+            .await?;
+        match tagged("settle", &reply)? {
+            ("settled", []) => Ok(true),
+            ("absent", []) => Ok(false),
+            _ => Err(bad_reply("settle", &reply)),
+        }
+    }
+
+    async fn holds(&self, plan: &StockPlan, user: UserId) -> PortResult<bool> {
+        let keys = vec![buyers_key(plan.activity, plan.route(user))];
+        let reply = self
+            .run(
+                "holds",
+                Script::Inspect,
+                keys,
+                vec!["buyer".into(), user.to_string()],
+            )
+            .await?;
+        match reply {
+            Reply::Int(n @ (0 | 1)) => Ok(n == 1),
+            other => Err(bad_reply("holds", &other)),
+        }
+    }
+
+    async fn meta(&self, activity: ActivityId) -> PortResult<Option<MetaView>> {
+        let reply = self
+            .run(
+                "meta",
+                Script::Inspect,
+                vec![meta_key(activity)],
+                vec!["meta".into()],
+            )
+            .await?;
+        let fields = pairs("meta", &reply)?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        let get = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let (Some(version), Some(buckets), Some(state)) = (get("version"), get("buckets"), get("state"))
+        else {
+            return Err(bad_reply("meta", &reply));
+        };
+        Ok(Some(MetaView {
+            version: version.to_string(),
+            buckets: buckets.parse().map_err(|_| bad_reply("meta", &reply))?,
+            state: ActivityState::parse(state).ok_or_else(|| bad_reply("meta", &reply))?,
+        }))
+    }
+
+    async fn snapshot(&self, plan: &StockPlan) -> PortResult<CacheView> {
+        let meta = self.meta(plan.activity).await?;
+        let mut buckets = Vec::with_capacity(plan.units.len());
+        for b in plan.all_buckets() {
+            buckets.push(self.inspect_bucket(plan, b).await?);
+        }
+        Ok(CacheView { meta, buckets })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_design_contract() {
+        let (a, b) = (ActivityId(42), BucketNo(3));
+        assert_eq!(stock_key(a, b), "sk:{42.3}:stock");
+        assert_eq!(buyers_key(a, b), "sk:{42.3}:buyers");
+        assert_eq!(resv_key(a, b), "sk:{42.3}:resv");
+        assert_eq!(xfer_key(a, b), "sk:{42.3}:xfer");
+        assert_eq!(meta_key(a), "sk:{42}:meta");
+    }
+
+    #[test]
+    fn script_shas_are_distinct_and_stable() {
+        let shas: std::collections::BTreeSet<_> = Script::ALL.iter().map(|s| s.sha1()).collect();
+        assert_eq!(shas.len(), Script::ALL.len());
+        assert_eq!(Script::Settle.sha1(), sha1_hex(Script::Settle.source()));
+        assert_eq!(sha1_hex(""), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+    }
+}

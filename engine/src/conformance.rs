@@ -1,0 +1,480 @@
+//! One conformance suite per port. Each takes a constructor and checks the contract every
+//! implementation must keep; the embedded backend runs them in `cargo test`, the real adapters
+//! run them against live services, the simulation against its nodes. If both pass, what the
+//! simulation proves about the engine holds in production.
+//!
+//! The suites panic with a message naming the case (they are test code that lives in the
+//! library so other crates can call it). Every case uses its own activity id, counted up from
+//! `first_activity`, so a suite can run against a store shared with earlier runs.
+
+use crate::domain::{
+    Activity, ActivityId, ActivitySpec, BucketNo, Reservation, ReservationId, StockPlan, UserId,
+};
+use crate::ports::{
+    ApplyOutcome, JournalKind, Ledger, OrderBus, OrderSource, OrderStatus, PayOutcome, ReleaseKind,
+    ReserveOutcome, StockCache,
+};
+use std::future::Future;
+
+/// An activity of `stock` units in `buckets` buckets with `fallback_pct`% fallback.
+pub fn activity(id: u64, stock: u64, buckets: u32, fallback_pct: u8) -> Activity {
+    Activity::new(ActivitySpec {
+        id: ActivityId(id),
+        total_stock: stock,
+        buckets,
+        fallback_pct,
+        per_user_limit: 1,
+        start_ms: 0,
+        end_ms: u64::MAX,
+        pay_timeout_ms: 60_000,
+    })
+    .expect("conformance activities are valid")
+}
+
+/// The first `n` user ids (from 1) that route to bucket `b` of `plan`.
+pub fn users_in(plan: &StockPlan, b: BucketNo, n: usize) -> Vec<UserId> {
+    (1..)
+        .map(UserId)
+        .filter(|u| plan.route(*u) == b)
+        .take(n)
+        .collect()
+}
+
+fn rid(n: u128) -> ReservationId {
+    ReservationId(0x5eed_0000_0000_0000_0000_0000_0000_0000 | n)
+}
+
+async fn reserve<C: StockCache>(c: &C, plan: &StockPlan, u: UserId, n: u128) -> ReserveOutcome {
+    c.reserve(plan, u, 1, rid(n), 1_000 + n as u64)
+        .await
+        .expect("reserve")
+}
+
+fn reserved(o: ReserveOutcome, case: &str) -> Reservation {
+    match o {
+        ReserveOutcome::Reserved(r) => r,
+        other => panic!("{case}: expected Reserved, got {other:?}"),
+    }
+}
+
+async fn stock_of<C: StockCache>(c: &C, plan: &StockPlan, b: BucketNo) -> Option<i64> {
+    c.snapshot(plan).await.expect("snapshot").buckets[b.0 as usize].stock
+}
+
+pub async fn stock_cache_conformance<C, F, Fut>(mut make: F, first_activity: u64)
+where
+    C: StockCache,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = C>,
+{
+    let mut next_activity = first_activity;
+    let mut fresh = |stock, buckets, pct| {
+        next_activity += 1;
+        StockPlan::new(&activity(next_activity - 1, stock, buckets, pct))
+    };
+
+    // warmup: creates every bucket and the meta once; a second warmup changes nothing.
+    {
+        let c = make().await;
+        let plan = fresh(10, 2, 20);
+        assert_eq!(
+            c.meta(plan.activity).await.unwrap(),
+            None,
+            "warmup: no meta before warmup"
+        );
+        let u = users_in(&plan, BucketNo(0), 1)[0];
+        assert_eq!(
+            reserve(&c, &plan, u, 1).await,
+            ReserveOutcome::NotWarmed,
+            "reserve before warmup"
+        );
+        let first = c.warmup(&plan).await.unwrap();
+        assert_eq!(
+            (first.created, first.existing),
+            (3, 0),
+            "warmup: creates all buckets"
+        );
+        reserved(reserve(&c, &plan, u, 2).await, "warmup");
+        let again = c.warmup(&plan).await.unwrap();
+        assert_eq!((again.created, again.existing), (0, 3), "warmup: idempotent");
+        assert_eq!(
+            stock_of(&c, &plan, BucketNo(0)).await,
+            Some(3),
+            "warmup: must not refill"
+        );
+        let meta = c.meta(plan.activity).await.unwrap().expect("meta after warmup");
+        assert_eq!((meta.version.as_str(), meta.buckets), (plan.version.as_str(), 2));
+        assert_eq!(meta.state, crate::domain::ActivityState::Open);
+        let mut other = plan.clone();
+        other.version = "0000000000000000".into();
+        assert!(
+            c.warmup(&other).await.is_err(),
+            "warmup: a different plan version is refused"
+        );
+    }
+
+    // reserve on the own bucket: one unit per user, down to empty, never below zero.
+    {
+        let c = make().await;
+        let plan = fresh(4, 2, 0); // 2 + 2 units, no fallback
+        c.warmup(&plan).await.unwrap();
+        let users = users_in(&plan, BucketNo(1), 3);
+        let r = reserved(reserve(&c, &plan, users[0], 1).await, "own");
+        assert_eq!(
+            (r.bucket, r.user, r.qty, r.id),
+            (BucketNo(1), users[0], 1, rid(1))
+        );
+        assert_eq!(
+            reserve(&c, &plan, users[0], 2).await,
+            ReserveOutcome::Duplicate,
+            "same user twice"
+        );
+        reserved(reserve(&c, &plan, users[1], 3).await, "second user");
+        assert_eq!(
+            reserve(&c, &plan, users[2], 4).await,
+            ReserveOutcome::Empty,
+            "bucket empty"
+        );
+        assert_eq!(stock_of(&c, &plan, BucketNo(1)).await, Some(0));
+        assert_eq!(
+            stock_of(&c, &plan, BucketNo(0)).await,
+            Some(2),
+            "other bucket untouched"
+        );
+        assert!(c.holds(&plan, users[0]).await.unwrap());
+        assert!(
+            !c.holds(&plan, users[2]).await.unwrap(),
+            "an empty answer leaves no mark"
+        );
+        let view = c.snapshot(&plan).await.unwrap();
+        let b1 = &view.buckets[1];
+        assert_eq!(b1.open.len(), 2, "two open reservations");
+        assert_eq!(b1.buyers, {
+            let mut v = vec![users[0], users[1]];
+            v.sort();
+            v
+        });
+        assert!(b1.open.contains(&r), "the open entry round-trips: {:?}", b1.open);
+        assert!(
+            c.reserve(&plan, users[2], 0, rid(9), 0).await.is_err(),
+            "qty 0 is refused"
+        );
+    }
+
+    // fallback: an empty own bucket falls back; the pending mark protocol leaves no stale marks.
+    {
+        let c = make().await;
+        let plan = fresh(10, 1, 20); // bucket 0: 8 units, fallback (bucket 1): 2
+        c.warmup(&plan).await.unwrap();
+        let users = users_in(&plan, BucketNo(0), 12);
+        for (i, u) in users[..8].iter().enumerate() {
+            reserved(reserve(&c, &plan, *u, i as u128).await, "fill own");
+        }
+        let f1 = reserved(reserve(&c, &plan, users[8], 8).await, "fallback 1");
+        assert_eq!(f1.bucket, BucketNo(1), "taken from the fallback bucket");
+        assert_eq!(
+            reserve(&c, &plan, users[8], 20).await,
+            ReserveOutcome::Duplicate,
+            "fallback winner is marked"
+        );
+        reserved(reserve(&c, &plan, users[9], 9).await, "fallback 2");
+        assert_eq!(
+            reserve(&c, &plan, users[10], 10).await,
+            ReserveOutcome::Empty,
+            "both empty"
+        );
+        assert!(
+            !c.holds(&plan, users[10]).await.unwrap(),
+            "pending mark cleared after empty fallback"
+        );
+        let view = c.snapshot(&plan).await.unwrap();
+        assert!(
+            view.buckets.iter().all(|b| b.pending.is_empty()),
+            "no pending marks left: {view:?}"
+        );
+        assert_eq!(view.buckets[1].stock, Some(0));
+        assert_eq!(view.buckets[1].open.len(), 2);
+        // release of a fallback unit goes back to the fallback, never to route(user)
+        assert!(c.release(&f1, ReleaseKind::Rejected).await.unwrap());
+        assert_eq!(stock_of(&c, &plan, BucketNo(1)).await, Some(1));
+        assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(0));
+    }
+
+    // release and settle: each kind, each idempotent.
+    {
+        let c = make().await;
+        let plan = fresh(6, 1, 0);
+        c.warmup(&plan).await.unwrap();
+        let users = users_in(&plan, BucketNo(0), 3);
+        let a = reserved(reserve(&c, &plan, users[0], 1).await, "a");
+        let b = reserved(reserve(&c, &plan, users[1], 2).await, "b");
+        let d = reserved(reserve(&c, &plan, users[2], 3).await, "d");
+        assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(3));
+
+        assert!(
+            c.release(&a, ReleaseKind::Unpublished).await.unwrap(),
+            "unpublished release"
+        );
+        assert!(
+            !c.release(&a, ReleaseKind::Unpublished).await.unwrap(),
+            "second release is a no-op"
+        );
+        assert!(
+            !c.holds(&plan, users[0]).await.unwrap(),
+            "unpublished clears the mark"
+        );
+        assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(4));
+
+        assert!(
+            c.release(&b, ReleaseKind::Rejected).await.unwrap(),
+            "rejected release"
+        );
+        assert!(!c.release(&b, ReleaseKind::Rejected).await.unwrap());
+        assert!(c.holds(&plan, users[1]).await.unwrap(), "rejected keeps the mark");
+        assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(5));
+
+        assert!(c.settle(&d).await.unwrap(), "settle closes the reservation");
+        assert!(!c.settle(&d).await.unwrap(), "settle is idempotent");
+        assert!(
+            !c.release(&d, ReleaseKind::Rejected).await.unwrap(),
+            "a settled order is not open"
+        );
+        assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(5));
+        assert!(
+            c.release(&d, ReleaseKind::Cancelled).await.unwrap(),
+            "a cancelled order comes back"
+        );
+        assert!(
+            !c.release(&d, ReleaseKind::Cancelled).await.unwrap(),
+            "exactly once"
+        );
+        assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(6));
+        let view = c.snapshot(&plan).await.unwrap();
+        assert!(view.buckets[0].open.is_empty());
+        assert_eq!(view.buckets[0].cancelled_released, vec![d.id]);
+    }
+}
+
+/// Publishes `n` reservations of activity `a` spread over `buckets` buckets.
+fn events(a: u64, n: u128, buckets: u32) -> Vec<Reservation> {
+    (0..n)
+        .map(|i| Reservation {
+            id: rid(i),
+            activity: ActivityId(a),
+            user: UserId(i as u64 + 1),
+            bucket: BucketNo((i % buckets as u128) as u32),
+            qty: 1,
+            reserved_at_ms: 0,
+        })
+        .collect()
+}
+
+/// Poll until `want` deliveries arrived or a poll comes back empty.
+async fn drain<S: OrderSource>(s: &mut S, want: usize) -> Vec<crate::ports::Delivery> {
+    let mut got = Vec::new();
+    while got.len() < want {
+        let batch = s.poll(want - got.len()).await.expect("poll");
+        if batch.is_empty() {
+            break;
+        }
+        got.extend(batch);
+    }
+    got
+}
+
+pub async fn order_bus_conformance<B, F, Fut>(mut make: F, first_activity: u64)
+where
+    B: OrderBus,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = B>,
+{
+    let group = format!("conformance-{first_activity}");
+    // delivery: everything published arrives, per-key order kept, uncommitted comes back.
+    {
+        let bus = make().await;
+        let sent = events(first_activity, 40, 4);
+        for e in &sent {
+            bus.publish(e).await.expect("publish");
+        }
+        let mut s = bus.subscribe(&group).await.expect("subscribe");
+        let got = drain(&mut s, sent.len()).await;
+        assert_eq!(
+            got.len(),
+            sent.len(),
+            "every record is delivered once per poll cycle"
+        );
+        let decoded: Vec<Reservation> = got
+            .iter()
+            .map(|d| Reservation::decode(&d.payload).unwrap())
+            .collect();
+        for key in ["0", "1", "2", "3"] {
+            let key = format!("{first_activity}.{key}");
+            let want: Vec<_> = sent.iter().filter(|e| e.bus_key() == key).map(|e| e.id).collect();
+            let have: Vec<_> = decoded
+                .iter()
+                .filter(|e| e.bus_key() == key)
+                .map(|e| e.id)
+                .collect();
+            assert_eq!(have, want, "key {key}: order within a key is kept");
+        }
+        assert!(got
+            .iter()
+            .all(|d| d.key == Reservation::decode(&d.payload).unwrap().bus_key()));
+
+        s.rewind().await.expect("rewind");
+        let again = drain(&mut s, sent.len()).await;
+        assert_eq!(
+            again.len(),
+            sent.len(),
+            "after rewind, uncommitted records come again"
+        );
+        s.commit(&again[..10]).await.expect("commit part");
+        drop(s);
+        let mut s = bus.subscribe(&group).await.expect("resubscribe");
+        let rest = drain(&mut s, sent.len()).await;
+        // What was committed is not delivered again; per partition, commits cover a prefix.
+        for d in &again[..10] {
+            assert!(
+                !rest
+                    .iter()
+                    .any(|r| r.partition == d.partition && r.offset == d.offset),
+                "committed record {}@{} came back",
+                d.partition,
+                d.offset
+            );
+        }
+        assert_eq!(
+            rest.len(),
+            sent.len() - 10,
+            "the uncommitted rest comes back after a restart"
+        );
+        s.commit(&rest).await.expect("commit rest");
+        drop(s);
+        let mut s = bus.subscribe(&group).await.expect("resubscribe");
+        assert!(
+            drain(&mut s, 1).await.is_empty(),
+            "nothing left after committing all"
+        );
+    }
+
+    // malformed bytes are delivered raw, can be dead-lettered, and do not block what follows.
+    {
+        let bus = make().await;
+        bus.publish_raw(&format!("{}.0", first_activity + 1), b"{not json")
+            .await
+            .expect("publish raw");
+        let good = events(first_activity + 1, 1, 1).remove(0);
+        bus.publish(&good).await.expect("publish");
+        let mut s = bus.subscribe(&format!("{group}-dlq")).await.expect("subscribe");
+        let got = drain(&mut s, 2).await;
+        assert_eq!(got.len(), 2);
+        assert!(Reservation::decode(&got[0].payload).is_err());
+        s.dead_letter(&got[0], "not JSON").await.expect("dead letter");
+        assert_eq!(Reservation::decode(&got[1].payload).unwrap(), good);
+        s.commit(&got).await.expect("commit");
+    }
+}
+
+pub async fn ledger_conformance<L, F, Fut>(mut make: F, first_activity: u64)
+where
+    L: Ledger,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = L>,
+{
+    let l = make().await;
+    let act = activity(first_activity, 3, 1, 0); // one bucket of 3 units
+    let plan = StockPlan::new(&act);
+    assert!(l.install(&act, &plan).await.unwrap(), "install creates");
+    assert!(!l.install(&act, &plan).await.unwrap(), "install is idempotent");
+    let a = act.id();
+    let ev = |n: u128, user: u64| Reservation {
+        id: rid(n),
+        activity: a,
+        user: UserId(user),
+        bucket: BucketNo(0),
+        qty: 1,
+        reserved_at_ms: 5,
+    };
+
+    // one batch: created, redelivered inside the batch, duplicate buyer, unknown bucket
+    let mut stray = ev(9, 90);
+    stray.bucket = BucketNo(7);
+    let batch = vec![ev(1, 10), ev(1, 10), ev(2, 10), ev(3, 11), stray];
+    let out = l.apply(&batch).await.unwrap();
+    assert_eq!(
+        out,
+        vec![
+            ApplyOutcome::Created,
+            ApplyOutcome::Redelivered,
+            ApplyOutcome::DuplicateBuyer { existing: rid(1) },
+            ApplyOutcome::Created,
+            ApplyOutcome::UnknownBucket,
+        ]
+    );
+    // a redelivered batch changes nothing
+    let again = l.apply(&batch[..1]).await.unwrap();
+    assert_eq!(again, vec![ApplyOutcome::Redelivered]);
+    // out of stock: one unit left, two new buyers
+    let out = l.apply(&[ev(4, 12), ev(5, 13)]).await.unwrap();
+    assert_eq!(out, vec![ApplyOutcome::Created, ApplyOutcome::OutOfStock]);
+    assert_eq!(
+        l.apply(&[ev(6, 13)]).await.unwrap(),
+        vec![ApplyOutcome::DuplicateBuyer { existing: rid(5) }],
+        "a failed order still holds the (activity, user) key"
+    );
+
+    let view = l.snapshot(a).await.unwrap();
+    assert_eq!(
+        view.buckets.len(),
+        2,
+        "stock_bucket rows: the bucket and the (empty) fallback"
+    );
+    assert_eq!((view.buckets[0].initial, view.buckets[0].remaining), (3, 0));
+    let status = |id| {
+        view.orders
+            .iter()
+            .find(|o| o.reservation.id == rid(id))
+            .map(|o| o.status)
+    };
+    assert_eq!(status(1), Some(OrderStatus::Created));
+    assert_eq!(status(5), Some(OrderStatus::Failed));
+    assert_eq!(status(2), None);
+    assert_eq!(view.orders.len(), 4);
+    assert_eq!(view.journal.len(), 3, "a journal row per stock movement");
+    assert!(view
+        .journal
+        .iter()
+        .all(|j| j.kind == JournalKind::Order && j.delta == -1));
+    assert_eq!(
+        view.orders
+            .iter()
+            .find(|o| o.reservation.id == rid(1))
+            .unwrap()
+            .reservation,
+        ev(1, 10)
+    );
+
+    // pay
+    assert_eq!(l.pay(rid(1)).await.unwrap(), PayOutcome::Paid);
+    assert_eq!(l.pay(rid(1)).await.unwrap(), PayOutcome::AlreadyPaid);
+    assert_eq!(
+        l.pay(rid(5)).await.unwrap(),
+        PayOutcome::NotPayable(OrderStatus::Failed)
+    );
+    assert_eq!(l.pay(rid(77)).await.unwrap(), PayOutcome::NotFound);
+    let o = l
+        .order_of(a, UserId(10))
+        .await
+        .unwrap()
+        .expect("user 10 has an order");
+    assert_eq!((o.reservation.id, o.status), (rid(1), OrderStatus::Paid));
+    assert_eq!(l.order_of(a, UserId(99)).await.unwrap(), None);
+    assert_eq!(
+        l.snapshot(ActivityId(first_activity + 1000))
+            .await
+            .unwrap()
+            .orders
+            .len(),
+        0
+    );
+}

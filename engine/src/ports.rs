@@ -1,0 +1,265 @@
+//! The seams of the engine: `StockCache` (Redis), `OrderBus`/`OrderSource` (Kafka) and `Ledger`
+//! (MySQL). Services are generic over these traits; the embedded backend, the real adapters and
+//! the simulated nodes implement them, and `crate::conformance` holds one suite per trait that
+//! every implementation must pass — that is what lets a simulation verdict carry over.
+//!
+//! Errors are split the way a caller must treat them (DESIGN §3): `Determinate` means the
+//! operation certainly did not happen; `Indeterminate` means it may have (a timeout, a lost
+//! reply). An indeterminate outcome is never retried or compensated blindly: it leaves an open
+//! reservation that the reconciler settles.
+
+use crate::domain::{
+    Activity, ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId,
+};
+use std::future::Future;
+
+pub use seckill_invariants::OrderStatus;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    #[error("{op} did not happen: {reason}")]
+    Determinate { op: &'static str, reason: String },
+    #[error("{op} outcome unknown: {reason}")]
+    Indeterminate { op: &'static str, reason: String },
+}
+
+impl PortError {
+    pub fn determinate(op: &'static str, reason: impl Into<String>) -> Self {
+        PortError::Determinate {
+            op,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn indeterminate(op: &'static str, reason: impl Into<String>) -> Self {
+        PortError::Indeterminate {
+            op,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn is_indeterminate(&self) -> bool {
+        matches!(self, PortError::Indeterminate { .. })
+    }
+}
+
+pub type PortResult<T> = Result<T, PortError>;
+
+// ---------------------------------------------------------------------------------------------
+// StockCache (Redis)
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WarmupReport {
+    /// Buckets whose stock key this warmup created.
+    pub created: u32,
+    /// Buckets that were already warm and were left untouched.
+    pub existing: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReserveOutcome {
+    /// Units taken; `Reservation::bucket` says from which bucket (own or fallback).
+    Reserved(Reservation),
+    /// The user already holds a unit (or has a fallback attempt in flight).
+    Duplicate,
+    /// The user's bucket is empty, and so is the fallback (when the plan has one).
+    Empty,
+    /// The activity's stock keys are missing: not warmed, or lost with a Redis restart.
+    NotWarmed,
+}
+
+/// Why units go back, which decides what happens to the buyer mark and to idempotency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseKind {
+    /// The order never reached the bus (determinate publish failure): the user may retry.
+    Unpublished,
+    /// The ledger refused the order (the user already holds another): the mark stays.
+    Rejected,
+    /// A durable order was cancelled: units go back exactly once per reservation.
+    Cancelled,
+}
+
+/// `sk:{A}:meta` as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaView {
+    pub version: String,
+    pub buckets: u32,
+    pub state: ActivityState,
+}
+
+/// One bucket's keys as read back, for audit, invariants and the reconciler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheBucket {
+    pub bucket: BucketNo,
+    /// `None` when the stock key is missing.
+    pub stock: Option<i64>,
+    pub buyers: Vec<UserId>,
+    pub open: Vec<Reservation>,
+    /// Pending-fallback marks: user → the reservation id of the fallback attempt.
+    pub pending: Vec<(UserId, ReservationId)>,
+    /// Units given to / taken from this bucket by rebalancing.
+    pub transfers_in: u64,
+    pub transfers_out: u64,
+    /// Reservations whose cancelled order's units came back here.
+    pub cancelled_released: Vec<ReservationId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheView {
+    pub meta: Option<MetaView>,
+    pub buckets: Vec<CacheBucket>,
+}
+
+pub trait StockCache: Clone + Send + Sync + 'static {
+    /// Install the plan; idempotent (a warm bucket is never refilled).
+    fn warmup(&self, plan: &StockPlan) -> impl Future<Output = PortResult<WarmupReport>> + Send;
+
+    /// Reserve `qty` for `user` in its own bucket, else in the fallback (DESIGN §4).
+    fn reserve(
+        &self,
+        plan: &StockPlan,
+        user: UserId,
+        qty: u32,
+        id: ReservationId,
+        now_ms: u64,
+    ) -> impl Future<Output = PortResult<ReserveOutcome>> + Send;
+
+    /// Give a reservation's units back to its own bucket. `Ok(false)`: nothing to release.
+    fn release(&self, r: &Reservation, kind: ReleaseKind) -> impl Future<Output = PortResult<bool>> + Send;
+
+    /// Close an open reservation whose order the ledger holds. `Ok(false)`: it was not open.
+    fn settle(&self, r: &Reservation) -> impl Future<Output = PortResult<bool>> + Send;
+
+    /// Does `user` hold a buyer mark in its own bucket (a unit, or a fallback attempt)?
+    fn holds(&self, plan: &StockPlan, user: UserId) -> impl Future<Output = PortResult<bool>> + Send;
+
+    fn meta(&self, activity: ActivityId) -> impl Future<Output = PortResult<Option<MetaView>>> + Send;
+
+    fn snapshot(&self, plan: &StockPlan) -> impl Future<Output = PortResult<CacheView>> + Send;
+}
+
+// ---------------------------------------------------------------------------------------------
+// OrderBus (Kafka)
+
+/// One record handed to a consumer. The payload is raw: decoding (and dead-lettering what does
+/// not decode) is the consumer's job, shared by every bus implementation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub partition: u32,
+    pub offset: u64,
+    pub key: String,
+    pub payload: Vec<u8>,
+}
+
+pub trait OrderBus: Clone + Send + Sync + 'static {
+    type Source: OrderSource;
+
+    /// Publish an order event keyed `A.b`. `Indeterminate`: it may or may not have been stored.
+    fn publish(&self, r: &Reservation) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Publish arbitrary bytes (replaying a dead letter, or a test's malformed message).
+    fn publish_raw(&self, key: &str, payload: &[u8]) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Join the consumer group `group`. Positions start at the group's committed offsets, so
+    /// whatever a previous member polled but did not commit is delivered again.
+    fn subscribe(&self, group: &str) -> impl Future<Output = PortResult<Self::Source>> + Send;
+}
+
+pub trait OrderSource: Send + 'static {
+    /// Up to `max` deliveries; waits a bounded time and returns an empty batch if none came.
+    fn poll(&mut self, max: usize) -> impl Future<Output = PortResult<Vec<Delivery>>> + Send;
+
+    /// Commit past every delivery in `batch` (called only after the ledger committed them).
+    fn commit(&mut self, batch: &[Delivery]) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Move a delivery that can never be applied to the dead-letter topic, with the reason.
+    fn dead_letter(&mut self, d: &Delivery, reason: &str) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Forget uncommitted progress: the next poll starts again at the committed offsets.
+    fn rewind(&mut self) -> impl Future<Output = PortResult<()>> + Send;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ledger (MySQL)
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// A new order; the bucket's stock went down by its quantity.
+    Created,
+    /// This reservation is already an order (the bus redelivered it): nothing changed.
+    Redelivered,
+    /// The user already has an order from another reservation: this one must be released.
+    DuplicateBuyer { existing: ReservationId },
+    /// The bucket's ledger stock cannot cover it: recorded as a failed order.
+    OutOfStock,
+    /// The event names an activity or bucket the ledger does not have: nothing changed.
+    UnknownBucket,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderRow {
+    pub reservation: Reservation,
+    pub status: OrderStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PayOutcome {
+    Paid,
+    AlreadyPaid,
+    /// Cancelled or failed orders cannot be paid; no stock moves.
+    NotPayable(OrderStatus),
+    NotFound,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalKind {
+    Order,
+    Cancel,
+    Transfer,
+    Adjust,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub bucket: BucketNo,
+    pub kind: JournalKind,
+    /// The reservation or transfer id the movement belongs to.
+    pub reference: String,
+    pub delta: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerBucket {
+    pub bucket: BucketNo,
+    pub initial: u64,
+    pub remaining: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LedgerView {
+    pub buckets: Vec<LedgerBucket>,
+    pub orders: Vec<OrderRow>,
+    pub journal: Vec<JournalEntry>,
+}
+
+pub trait Ledger: Clone + Send + Sync + 'static {
+    /// Record the activity and its `stock_bucket` rows; idempotent. `Ok(true)` if it created them.
+    fn install(&self, activity: &Activity, plan: &StockPlan)
+        -> impl Future<Output = PortResult<bool>> + Send;
+
+    /// Apply a batch in ONE transaction; one outcome per event, in order. An error means none of
+    /// the batch was applied (`Determinate`) or the commit's outcome is unknown (`Indeterminate`);
+    /// either way the batch is delivered again and dedupes by reservation id.
+    fn apply(&self, batch: &[Reservation]) -> impl Future<Output = PortResult<Vec<ApplyOutcome>>> + Send;
+
+    fn pay(&self, id: ReservationId) -> impl Future<Output = PortResult<PayOutcome>> + Send;
+
+    /// The user's order in this activity, whatever its status.
+    fn order_of(
+        &self,
+        activity: ActivityId,
+        user: UserId,
+    ) -> impl Future<Output = PortResult<Option<OrderRow>>> + Send;
+
+    fn snapshot(&self, activity: ActivityId) -> impl Future<Output = PortResult<LedgerView>> + Send;
+}

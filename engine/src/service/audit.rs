@@ -1,0 +1,73 @@
+//! Builds the invariants' `Snapshot` of one activity from what the ports show, and checks it.
+//! Shared by `seckill demo`, tests, the simulation and (later) `seckill audit`.
+
+use crate::domain::StockPlan;
+use crate::ports::{Ledger, PortResult, StockCache};
+use seckill_invariants::{self as inv, BucketState, OpenReservation, Order, Snapshot, Violation};
+
+pub async fn snapshot<C: StockCache, L: Ledger>(
+    cache: &C,
+    ledger: &L,
+    plan: &StockPlan,
+) -> PortResult<Snapshot> {
+    let redis = cache.snapshot(plan).await?;
+    let db = ledger.snapshot(plan.activity).await?;
+    let mut journal = vec![0i64; plan.units.len()];
+    for j in &db.journal {
+        if let Some(sum) = journal.get_mut(j.bucket.0 as usize) {
+            *sum += j.delta;
+        }
+    }
+    let buckets = redis
+        .buckets
+        .iter()
+        .map(|b| {
+            let row = db.buckets.iter().find(|r| r.bucket == b.bucket);
+            BucketState {
+                bucket: b.bucket.0,
+                initial: plan.initial(b.bucket),
+                redis_stock: b.stock,
+                open: b
+                    .open
+                    .iter()
+                    .map(|r| OpenReservation {
+                        reservation: r.id.to_string(),
+                        user: r.user.0,
+                        qty: r.qty as u64,
+                    })
+                    .collect(),
+                transfers_in: b.transfers_in,
+                transfers_out: b.transfers_out,
+                ledger_initial: row.map(|r| r.initial),
+                ledger_remaining: row.map(|r| r.remaining),
+                journal_delta: journal.get(b.bucket.0 as usize).copied().unwrap_or(0),
+            }
+        })
+        .collect();
+    let orders = db
+        .orders
+        .iter()
+        .map(|o| Order {
+            reservation: o.reservation.id.to_string(),
+            user: o.reservation.user.0,
+            bucket: o.reservation.bucket.0,
+            qty: o.reservation.qty as u64,
+            status: o.status,
+        })
+        .collect();
+    Ok(Snapshot {
+        activity: plan.activity.0,
+        total_stock: plan.total_stock,
+        buckets,
+        orders,
+    })
+}
+
+/// Safety (S1–S3) always, plus R1 when the system is quiescent.
+pub fn check(s: &Snapshot, quiescent: bool) -> Vec<Violation> {
+    let mut v = inv::check_safety(s);
+    if quiescent {
+        v.extend(inv::r1_reconciled(s));
+    }
+    v
+}

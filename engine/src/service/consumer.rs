@@ -1,0 +1,170 @@
+//! The order consumer: poll a batch → `Ledger::apply` (one transaction) → release what the
+//! ledger refused, settle the rest in Redis → commit the offsets. Always in that order.
+//!
+//! Kept true: offsets are committed only after the ledger committed the batch, so a crash at any
+//! point redelivers instead of losing; redelivery is harmless because the ledger dedupes by
+//! reservation id. Redis follow-ups (settle/release) never block the commit: a reservation left
+//! open by a failed follow-up is closed by the reconciler, which sees the ledger holds it.
+
+use crate::domain::Reservation;
+use crate::ports::{ApplyOutcome, Ledger, OrderSource, PortError, PortResult, ReleaseKind, StockCache};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Deliveries per ledger transaction: large enough to amortize the commit (the point of
+/// batching), small enough that one transaction holds its row locks only briefly.
+pub const DEFAULT_MAX_BATCH: usize = 256;
+/// Pause after a failed batch before polling again, so a down ledger is not hammered.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    pub delivered: u64,
+    pub created: u64,
+    pub redelivered: u64,
+    pub duplicate_buyers: u64,
+    pub out_of_stock: u64,
+    pub dead_lettered: u64,
+    /// Settles/releases that failed and were left to the reconciler.
+    pub followups_failed: u64,
+}
+
+impl BatchReport {
+    pub fn add(&mut self, o: &BatchReport) {
+        self.delivered += o.delivered;
+        self.created += o.created;
+        self.redelivered += o.redelivered;
+        self.duplicate_buyers += o.duplicate_buyers;
+        self.out_of_stock += o.out_of_stock;
+        self.dead_lettered += o.dead_lettered;
+        self.followups_failed += o.followups_failed;
+    }
+}
+
+pub struct OrderConsumer<L, C, S> {
+    ledger: L,
+    cache: C,
+    source: S,
+    max_batch: usize,
+}
+
+impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
+    pub fn new(ledger: L, cache: C, source: S, max_batch: usize) -> Self {
+        OrderConsumer {
+            ledger,
+            cache,
+            source,
+            max_batch: max_batch.max(1),
+        }
+    }
+
+    pub fn source_mut(&mut self) -> &mut S {
+        &mut self.source
+    }
+
+    /// One poll → apply → follow-up → commit cycle. On an error nothing is committed and the
+    /// source is rewound, so the same records come again.
+    pub async fn run_once(&mut self) -> PortResult<BatchReport> {
+        let batch = self.source.poll(self.max_batch).await?;
+        let mut report = BatchReport {
+            delivered: batch.len() as u64,
+            ..Default::default()
+        };
+        if batch.is_empty() {
+            return Ok(report);
+        }
+        let result = self.process(&batch, &mut report).await;
+        if let Err(e) = result {
+            // Best effort: if the rewind fails too, the source resyncs on its next rebalance.
+            let _ = self.source.rewind().await;
+            return Err(e);
+        }
+        Ok(report)
+    }
+
+    async fn process(
+        &mut self,
+        batch: &[crate::ports::Delivery],
+        report: &mut BatchReport,
+    ) -> PortResult<()> {
+        let mut events: Vec<Reservation> = Vec::with_capacity(batch.len());
+        let mut origin = Vec::with_capacity(batch.len());
+        for d in batch {
+            match Reservation::decode(&d.payload) {
+                Ok(r) => {
+                    events.push(r);
+                    origin.push(d);
+                }
+                Err(e) => {
+                    self.source.dead_letter(d, &e.to_string()).await?;
+                    report.dead_lettered += 1;
+                }
+            }
+        }
+        let outcomes = if events.is_empty() {
+            Vec::new()
+        } else {
+            self.ledger.apply(&events).await?
+        };
+        if outcomes.len() != events.len() {
+            return Err(PortError::indeterminate(
+                "apply",
+                format!(
+                    "ledger returned {} outcomes for {} events",
+                    outcomes.len(),
+                    events.len()
+                ),
+            ));
+        }
+        for ((r, outcome), d) in events.iter().zip(&outcomes).zip(origin) {
+            let followup = match outcome {
+                ApplyOutcome::Created => {
+                    report.created += 1;
+                    self.cache.settle(r).await.map(drop)
+                }
+                ApplyOutcome::Redelivered => {
+                    report.redelivered += 1;
+                    self.cache.settle(r).await.map(drop)
+                }
+                // The ledger recorded it as failed: the unit it claims does not exist there, so
+                // it must not come back to Redis either (Redis was overstating its stock).
+                ApplyOutcome::OutOfStock => {
+                    report.out_of_stock += 1;
+                    self.cache.settle(r).await.map(drop)
+                }
+                ApplyOutcome::DuplicateBuyer { .. } => {
+                    report.duplicate_buyers += 1;
+                    self.cache.release(r, ReleaseKind::Rejected).await.map(drop)
+                }
+                ApplyOutcome::UnknownBucket => {
+                    report.dead_lettered += 1;
+                    let reason = format!("activity {} has no bucket {} in the ledger", r.activity, r.bucket);
+                    self.source.dead_letter(d, &reason).await?;
+                    Ok(())
+                }
+            };
+            if followup.is_err() {
+                report.followups_failed += 1;
+            }
+        }
+        self.source.commit(batch).await
+    }
+
+    /// Run batches until `stop` is set and a poll comes back empty (so a stop drains what is
+    /// already delivered). Failed batches are retried after a short pause.
+    pub async fn run(&mut self, stop: &AtomicBool) -> BatchReport {
+        let mut total = BatchReport::default();
+        loop {
+            match self.run_once().await {
+                Ok(report) => {
+                    total.add(&report);
+                    if report.delivered == 0 && stop.load(Ordering::Acquire) {
+                        return total;
+                    }
+                }
+                Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+            }
+        }
+    }
+}

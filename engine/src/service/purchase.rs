@@ -1,0 +1,271 @@
+//! The purchase funnel (DESIGN §2): each step does only its cheapest job and turns doomed
+//! requests away before the next, costlier one.
+//!
+//! validate → activity window and state (local cache, never a store read) → local sold-out flag
+//! (no Redis call once a bucket and the fallback are known empty) → `reserve.lua` on the user's
+//! own bucket, then the fallback → publish the order → answer.
+//!
+//! Kept true: a request answered `Queued` has an open reservation in Redis; one answered
+//! anything else moved no stock — except when the reserve's outcome itself is unknown, which is
+//! answered `Unavailable` and left to the reconciler (the reservation may exist and then becomes
+//! an order, or is released).
+
+use crate::clock::Clock;
+use crate::domain::{
+    Activity, ActivityId, ActivityState, BucketNo, InvalidField, Reservation, ReservationId, StockPlan,
+    UserId,
+};
+use crate::ports::{OrderBus, PortError, ReleaseKind, ReserveOutcome, StockCache};
+use rand::RngCore;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurchaseOutcome {
+    /// Units reserved and the order is on its way to the ledger.
+    Queued(Reservation),
+    /// The user already holds a unit (or an attempt is in flight).
+    Duplicate,
+    SoldOut,
+    NotStarted,
+    Ended,
+    /// A dependency is down or the activity is paused/recovering; nothing was bought.
+    Unavailable {
+        reason: String,
+    },
+}
+
+impl PurchaseOutcome {
+    /// A short stable label for counters and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PurchaseOutcome::Queued(_) => "queued",
+            PurchaseOutcome::Duplicate => "duplicate",
+            PurchaseOutcome::SoldOut => "sold_out",
+            PurchaseOutcome::NotStarted => "not_started",
+            PurchaseOutcome::Ended => "ended",
+            PurchaseOutcome::Unavailable { .. } => "unavailable",
+        }
+    }
+}
+
+/// A request the engine refuses to consider at all (bad input); no stock moved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PurchaseError {
+    #[error("activity_id: unknown activity {0}")]
+    UnknownActivity(ActivityId),
+    #[error(transparent)]
+    Invalid(#[from] InvalidField),
+}
+
+#[derive(Debug, Clone)]
+pub struct PurchaseConfig {
+    /// How long a bucket found empty is answered from memory before Redis is asked again (units
+    /// can come back: releases, cancels, rebalancing).
+    pub sold_out_recheck_ms: u64,
+}
+
+impl Default for PurchaseConfig {
+    fn default() -> Self {
+        PurchaseConfig {
+            sold_out_recheck_ms: 1_000,
+        }
+    }
+}
+
+/// Reservation ids: a random 64-bit prefix per service instance (from the injected RNG) and a
+/// counter — unique across engines without coordination, and no lock on the hot path.
+struct ReservationIds {
+    prefix: u64,
+    counter: AtomicU64,
+}
+
+impl ReservationIds {
+    fn next(&self) -> ReservationId {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        ReservationId(((self.prefix as u128) << 64) | n as u128)
+    }
+}
+
+/// What the purchase path knows about an activity without asking any store.
+struct LocalActivity {
+    activity: Activity,
+    plan: StockPlan,
+    /// `ActivityState` as last read from `sk:{A}:meta` (encoded by `state_code`).
+    state: AtomicU64,
+    /// Per bucket (fallback last): clock ms until which the bucket is known empty; 0 = unknown.
+    empty_until_ms: Vec<AtomicU64>,
+}
+
+const STATES: [ActivityState; 4] = [
+    ActivityState::Open,
+    ActivityState::Paused,
+    ActivityState::Recovering,
+    ActivityState::Closed,
+];
+
+fn state_code(s: ActivityState) -> u64 {
+    STATES.iter().position(|x| *x == s).unwrap_or(0) as u64
+}
+
+impl LocalActivity {
+    fn state(&self) -> ActivityState {
+        STATES[self.state.load(Ordering::Relaxed) as usize % STATES.len()]
+    }
+
+    fn known_empty(&self, b: BucketNo, now_ms: u64) -> bool {
+        self.empty_until_ms[b.0 as usize].load(Ordering::Relaxed) > now_ms
+    }
+
+    fn mark_empty(&self, b: BucketNo, until_ms: u64) {
+        self.empty_until_ms[b.0 as usize].store(until_ms, Ordering::Relaxed);
+    }
+
+    /// Sold out for this bucket's users: its own stock and the fallback are both known empty.
+    fn sold_out_for(&self, own: BucketNo, now_ms: u64) -> bool {
+        self.known_empty(own, now_ms)
+            && (!self.plan.has_fallback() || self.known_empty(self.plan.fallback_bucket(), now_ms))
+    }
+}
+
+pub struct PurchaseService<C, B> {
+    inner: Arc<Inner<C, B>>,
+}
+
+impl<C, B> Clone for PurchaseService<C, B> {
+    fn clone(&self) -> Self {
+        PurchaseService {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<C, B> {
+    cache: C,
+    bus: B,
+    clock: Clock,
+    config: PurchaseConfig,
+    ids: ReservationIds,
+    /// Read on every request, written when an activity is loaded: a std RwLock, never held
+    /// across an await (the entry is cloned out).
+    activities: RwLock<BTreeMap<ActivityId, Arc<LocalActivity>>>,
+}
+
+impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
+    pub fn new(cache: C, bus: B, clock: Clock, config: PurchaseConfig, rng: &mut impl RngCore) -> Self {
+        PurchaseService {
+            inner: Arc::new(Inner {
+                cache,
+                bus,
+                clock,
+                config,
+                ids: ReservationIds {
+                    prefix: rng.next_u64(),
+                    counter: AtomicU64::new(0),
+                },
+                activities: RwLock::new(BTreeMap::new()),
+            }),
+        }
+    }
+
+    /// Load (or refresh) an activity into the local cache from its warmed meta.
+    pub async fn load_activity(&self, activity: Activity) -> Result<(), PortError> {
+        let plan = StockPlan::new(&activity);
+        let meta = self.inner.cache.meta(activity.id()).await?.ok_or_else(|| {
+            PortError::determinate(
+                "load activity",
+                format!("activity {} is not warmed", activity.id()),
+            )
+        })?;
+        if meta.version != plan.version {
+            return Err(PortError::determinate(
+                "load activity",
+                format!("plan version {} in redis, {} here", meta.version, plan.version),
+            ));
+        }
+        let local = LocalActivity {
+            state: AtomicU64::new(state_code(meta.state)),
+            empty_until_ms: plan.units.iter().map(|_| AtomicU64::new(0)).collect(),
+            activity,
+            plan,
+        };
+        let mut map = self.inner.activities.write().unwrap_or_else(|p| p.into_inner());
+        map.insert(local.activity.id(), Arc::new(local));
+        Ok(())
+    }
+
+    fn local(&self, a: ActivityId) -> Option<Arc<LocalActivity>> {
+        let map = self.inner.activities.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&a).cloned()
+    }
+
+    pub fn plan(&self, a: ActivityId) -> Option<StockPlan> {
+        self.local(a).map(|l| l.plan.clone())
+    }
+
+    pub async fn purchase(
+        &self,
+        a: ActivityId,
+        user: UserId,
+        qty: u32,
+    ) -> Result<PurchaseOutcome, PurchaseError> {
+        let local = self.local(a).ok_or(PurchaseError::UnknownActivity(a))?;
+        let limit = local.activity.spec().per_user_limit;
+        if qty == 0 || qty > limit {
+            return Err(InvalidField::new("qty", format!("must be 1..={limit}, got {qty}")).into());
+        }
+        let now = self.inner.clock.now_ms();
+        match local.activity.window_at(now) {
+            std::cmp::Ordering::Less => return Ok(PurchaseOutcome::NotStarted),
+            std::cmp::Ordering::Greater => return Ok(PurchaseOutcome::Ended),
+            std::cmp::Ordering::Equal => {}
+        }
+        match local.state() {
+            ActivityState::Open => {}
+            ActivityState::Closed => return Ok(PurchaseOutcome::Ended),
+            other => return Ok(unavailable(format!("activity is {other}"))),
+        }
+        let own = local.plan.route(user);
+        if local.sold_out_for(own, now) {
+            return Ok(PurchaseOutcome::SoldOut);
+        }
+
+        let id = self.inner.ids.next();
+        let reservation = match self.inner.cache.reserve(&local.plan, user, qty, id, now).await {
+            Ok(ReserveOutcome::Reserved(r)) => r,
+            Ok(ReserveOutcome::Duplicate) => return Ok(PurchaseOutcome::Duplicate),
+            Ok(ReserveOutcome::Empty) => {
+                let until = now + self.inner.config.sold_out_recheck_ms;
+                local.mark_empty(own, until);
+                if local.plan.has_fallback() {
+                    local.mark_empty(local.plan.fallback_bucket(), until);
+                }
+                return Ok(PurchaseOutcome::SoldOut);
+            }
+            Ok(ReserveOutcome::NotWarmed) => return Ok(unavailable("stock is not warmed".into())),
+            Err(e) => return Ok(unavailable(format!("stock cache: {e}"))),
+        };
+
+        match self.inner.bus.publish(&reservation).await {
+            Ok(()) => Ok(PurchaseOutcome::Queued(reservation)),
+            // The record may be on the bus: the reservation stays open, the reconciler
+            // republishes it if the ledger never sees it, and the ledger dedupes by id.
+            Err(e) if e.is_indeterminate() => Ok(PurchaseOutcome::Queued(reservation)),
+            Err(e) => {
+                // Certainly not published: give the units back and let the user retry. If this
+                // release fails too, the reservation stays open for the reconciler.
+                let _ = self
+                    .inner
+                    .cache
+                    .release(&reservation, ReleaseKind::Unpublished)
+                    .await;
+                Ok(unavailable(format!("order bus: {e}")))
+            }
+        }
+    }
+}
+
+fn unavailable(reason: String) -> PurchaseOutcome {
+    PurchaseOutcome::Unavailable { reason }
+}

@@ -1,0 +1,8 @@
+//! Integration tests of seckill-engine, one binary (STYLE §13).
+
+mod conformance;
+mod consumer;
+mod demo;
+mod pipeline;
+mod purchase;
+mod support;

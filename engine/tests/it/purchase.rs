@@ -1,0 +1,252 @@
+//! The purchase funnel end to end on embedded ports, with faults from wrappers.
+
+use crate::support::{Mode, TestBus, TestCache, TestRedis};
+use rand::SeedableRng;
+use seckill_engine::adapters::embedded::{EmbeddedBus, EmbeddedLedger};
+use seckill_engine::clock::Clock;
+use seckill_engine::conformance::{activity, users_in};
+use seckill_engine::domain::{ActivityId, BucketNo, InvalidField, StockPlan, UserId};
+use seckill_engine::ports::{Ledger, OrderBus, PayOutcome, StockCache};
+use seckill_engine::service::{
+    audit, order_status, OrderConsumer, OrderState, PurchaseConfig, PurchaseError, PurchaseOutcome,
+    PurchaseService,
+};
+use std::sync::atomic::Ordering;
+
+pub struct Rig {
+    pub cache: TestCache,
+    pub bus: TestBus,
+    pub ledger: EmbeddedLedger,
+    pub service: PurchaseService<TestCache, TestBus>,
+    pub plan: StockPlan,
+}
+
+pub const A: ActivityId = ActivityId(1);
+
+/// An activity of `stock` units (window 1_000..2_000 ms) and a clock reading `now_ms`.
+pub async fn rig(stock: u64, buckets: u32, pct: u8, now_ms: u64) -> Rig {
+    let spec = {
+        let mut s = activity(A.0, stock, buckets, pct).spec().clone();
+        (s.start_ms, s.end_ms) = (1_000, 2_000);
+        s
+    };
+    let act = seckill_engine::domain::Activity::new(spec).unwrap();
+    let plan = StockPlan::new(&act);
+    let cache = TestCache::new(TestRedis::default());
+    let bus = TestBus::new(EmbeddedBus::new(2, 1_000));
+    let ledger = EmbeddedLedger::new();
+    ledger.install(&act, &plan).await.unwrap();
+    cache.warmup(&plan).await.unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let service = PurchaseService::new(
+        cache.clone(),
+        bus.clone(),
+        Clock::starting_at(now_ms),
+        PurchaseConfig::default(),
+        &mut rng,
+    );
+    service.load_activity(act).await.unwrap();
+    Rig {
+        cache,
+        bus,
+        ledger,
+        service,
+        plan,
+    }
+}
+
+impl Rig {
+    pub async fn buy(&self, u: UserId) -> PurchaseOutcome {
+        self.service.purchase(A, u, 1).await.expect("valid request")
+    }
+
+    pub async fn drain(&self) {
+        let source = self.bus.subscribe("test").await.unwrap();
+        let mut c = OrderConsumer::new(self.ledger.clone(), self.cache.clone(), source, 64);
+        while c.run_once().await.unwrap().delivered > 0 {}
+    }
+
+    pub async fn status(&self, u: UserId) -> OrderState {
+        order_status(&self.cache, &self.ledger, &self.plan, u)
+            .await
+            .unwrap()
+    }
+
+    /// Redis stock per bucket.
+    pub async fn stocks(&self) -> Vec<Option<i64>> {
+        self.cache
+            .snapshot(&self.plan)
+            .await
+            .unwrap()
+            .buckets
+            .iter()
+            .map(|b| b.stock)
+            .collect()
+    }
+
+    pub async fn violations(&self, quiescent: bool) -> Vec<String> {
+        let snap = audit::snapshot(&self.cache, &self.ledger, &self.plan)
+            .await
+            .unwrap();
+        audit::check(&snap, quiescent)
+            .iter()
+            .map(|v| v.to_string())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn queued_becomes_created_then_paid() {
+    let rig = rig(10, 2, 0, 1_500).await;
+    let u = UserId(42);
+    assert_eq!(rig.status(u).await, OrderState::None);
+    let PurchaseOutcome::Queued(r) = rig.buy(u).await else {
+        panic!("expected queued")
+    };
+    assert_eq!(r.bucket, rig.plan.route(u));
+    assert_eq!(rig.status(u).await, OrderState::Queued);
+    assert_eq!(rig.buy(u).await, PurchaseOutcome::Duplicate);
+    rig.drain().await;
+    assert_eq!(rig.status(u).await, OrderState::Created);
+    assert_eq!(rig.ledger.pay(r.id).await.unwrap(), PayOutcome::Paid);
+    assert_eq!(rig.status(u).await, OrderState::Paid);
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn window_and_bad_input_move_no_stock() {
+    let early = rig(10, 2, 0, 999).await;
+    let before = early.stocks().await;
+    assert_eq!(early.buy(UserId(1)).await, PurchaseOutcome::NotStarted);
+    let late = rig(10, 2, 0, 2_000).await;
+    assert_eq!(late.buy(UserId(1)).await, PurchaseOutcome::Ended);
+    let open = rig(10, 2, 0, 1_000).await;
+    for qty in [0, 2] {
+        let err = open.service.purchase(A, UserId(1), qty).await.unwrap_err();
+        assert!(
+            matches!(&err, PurchaseError::Invalid(InvalidField { field: "qty", .. })),
+            "{err}"
+        );
+    }
+    let err = open
+        .service
+        .purchase(ActivityId(9), UserId(1), 1)
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "activity_id: unknown activity 9");
+    for rig in [&early, &late, &open] {
+        assert_eq!(rig.stocks().await, before, "no stock moved");
+        assert_eq!(
+            rig.cache
+                .snapshot(&rig.plan)
+                .await
+                .unwrap()
+                .buckets
+                .iter()
+                .map(|b| b.open.len())
+                .sum::<usize>(),
+            0
+        );
+    }
+}
+
+#[tokio::test]
+async fn sold_out_is_answered_from_memory() {
+    let rig = rig(2, 1, 0, 1_500).await;
+    let users = users_in(&rig.plan, BucketNo(0), 5);
+    assert!(matches!(rig.buy(users[0]).await, PurchaseOutcome::Queued(_)));
+    assert!(matches!(rig.buy(users[1]).await, PurchaseOutcome::Queued(_)));
+    assert_eq!(rig.buy(users[2]).await, PurchaseOutcome::SoldOut);
+    let calls = rig.cache.conn().calls.load(Ordering::SeqCst);
+    assert_eq!(rig.buy(users[3]).await, PurchaseOutcome::SoldOut);
+    assert_eq!(rig.buy(users[4]).await, PurchaseOutcome::SoldOut);
+    assert_eq!(
+        rig.cache.conn().calls.load(Ordering::SeqCst),
+        calls,
+        "no Redis call once sold out"
+    );
+}
+
+#[tokio::test]
+async fn fallback_serves_an_empty_bucket() {
+    let rig = rig(10, 1, 20, 1_500).await; // bucket 0: 8, fallback: 2
+    let users = users_in(&rig.plan, BucketNo(0), 11);
+    let mut from_fallback = 0;
+    for u in &users {
+        if let PurchaseOutcome::Queued(r) = rig.buy(*u).await {
+            from_fallback += (r.bucket == rig.plan.fallback_bucket()) as u32;
+        }
+    }
+    assert_eq!(from_fallback, 2);
+    assert_eq!(rig.stocks().await, vec![Some(0), Some(0)]);
+    rig.drain().await;
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn determinate_publish_failure_gives_the_unit_back_and_allows_a_retry() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    let before = rig.stocks().await;
+    rig.bus.knob.set(Mode::FailDeterminate);
+    let out = rig.buy(UserId(5)).await;
+    assert!(
+        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("order bus")),
+        "{out:?}"
+    );
+    assert_eq!(rig.stocks().await, before);
+    assert_eq!(rig.status(UserId(5)).await, OrderState::None);
+    rig.bus.knob.set(Mode::Pass);
+    assert!(matches!(rig.buy(UserId(5)).await, PurchaseOutcome::Queued(_)));
+}
+
+#[tokio::test]
+async fn indeterminate_publish_answers_queued_and_keeps_the_reservation() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    rig.bus.knob.set(Mode::FailAfter);
+    let PurchaseOutcome::Queued(r) = rig.buy(UserId(5)).await else {
+        panic!("expected queued")
+    };
+    let open = &rig.cache.snapshot(&rig.plan).await.unwrap().buckets[0].open;
+    assert_eq!(open, &vec![r.clone()], "the reservation stays open (the outbox)");
+    rig.drain().await;
+    assert_eq!(rig.status(UserId(5)).await, OrderState::Created);
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn redis_down_is_a_fast_unavailable_and_moves_nothing() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    let before = rig.stocks().await;
+    rig.cache.conn().knob.set(Mode::FailDeterminate);
+    let out = rig.buy(UserId(5)).await;
+    assert!(
+        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("stock cache")),
+        "{out:?}"
+    );
+    rig.cache.conn().knob.set(Mode::Pass);
+    assert_eq!(rig.stocks().await, before);
+    assert_eq!(rig.bus.inner.lag(), 0, "nothing published");
+}
+
+#[tokio::test]
+async fn unknown_reserve_outcome_is_unavailable_but_accounted() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    assert!(
+        matches!(rig.buy(UserId(4)).await, PurchaseOutcome::Queued(_)),
+        "loads the scripts"
+    );
+    rig.cache.conn().knob.set(Mode::FailAfter);
+    let out = rig.buy(UserId(5)).await;
+    assert!(
+        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("outcome unknown")),
+        "{out:?}"
+    );
+    rig.cache.conn().knob.set(Mode::Pass);
+    // The reserve did happen: an open reservation holds the unit until the reconciler acts.
+    assert_eq!(rig.stocks().await, vec![Some(2), Some(0)]);
+    assert_eq!(
+        rig.violations(true).await,
+        Vec::<String>::new(),
+        "R1 counts the open reservation"
+    );
+}

@@ -1,0 +1,107 @@
+//! Test doubles built from the real embedded ports: a script connection that counts calls or
+//! fails on demand, and a bus whose publish fails on demand. Faults live in wrappers, not in
+//! the code under test (STYLE §6).
+
+use seckill_engine::adapters::embedded::{EmbeddedBus, EmbeddedRedis};
+use seckill_engine::adapters::script::{Reply, ScriptConn, ScriptedStockCache};
+use seckill_engine::domain::Reservation;
+use seckill_engine::ports::{OrderBus, PortError, PortResult};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// What the next calls through a wrapper do.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum Mode {
+    Pass = 0,
+    FailDeterminate = 1,
+    /// The call happens, but the caller hears an error (a lost reply).
+    FailAfter = 2,
+}
+
+#[derive(Clone, Default)]
+pub struct Knob(Arc<AtomicU8>);
+
+impl Knob {
+    pub fn set(&self, m: Mode) {
+        self.0.store(m as u8, Ordering::SeqCst);
+    }
+    fn get(&self) -> Mode {
+        match self.0.load(Ordering::SeqCst) {
+            1 => Mode::FailDeterminate,
+            2 => Mode::FailAfter,
+            _ => Mode::Pass,
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct TestRedis {
+    pub inner: EmbeddedRedis,
+    pub calls: Arc<AtomicU64>,
+    pub knob: Knob,
+}
+
+impl ScriptConn for TestRedis {
+    async fn eval_sha(&self, sha: &str, keys: &[String], args: &[String]) -> PortResult<Reply> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        match self.knob.get() {
+            Mode::Pass => self.inner.eval_sha(sha, keys, args).await,
+            Mode::FailDeterminate => Err(PortError::determinate("redis", "connection refused")),
+            Mode::FailAfter => {
+                let _ = self.inner.eval_sha(sha, keys, args).await;
+                Err(PortError::indeterminate(
+                    "redis",
+                    "timed out waiting for the reply",
+                ))
+            }
+        }
+    }
+
+    async fn script_load(&self, source: &str) -> PortResult<()> {
+        self.inner.script_load(source).await
+    }
+}
+
+pub type TestCache = ScriptedStockCache<TestRedis>;
+
+#[derive(Clone)]
+pub struct TestBus {
+    pub inner: EmbeddedBus,
+    pub knob: Knob,
+}
+
+impl TestBus {
+    pub fn new(inner: EmbeddedBus) -> Self {
+        TestBus {
+            inner,
+            knob: Knob::default(),
+        }
+    }
+}
+
+impl OrderBus for TestBus {
+    type Source = <EmbeddedBus as OrderBus>::Source;
+
+    async fn publish(&self, r: &Reservation) -> PortResult<()> {
+        match self.knob.get() {
+            Mode::Pass => self.inner.publish(r).await,
+            Mode::FailDeterminate => Err(PortError::determinate("publish", "broker refused")),
+            Mode::FailAfter => {
+                self.inner.publish(r).await?;
+                Err(PortError::indeterminate(
+                    "publish",
+                    "no ack within message.timeout.ms",
+                ))
+            }
+        }
+    }
+
+    async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
+        self.inner.publish_raw(key, payload).await
+    }
+
+    async fn subscribe(&self, group: &str) -> PortResult<Self::Source> {
+        self.inner.subscribe(group).await
+    }
+}

@@ -1,0 +1,544 @@
+//! The seckill invariants (DESIGN §8) as pure functions over one observation of the system.
+//!
+//! Nothing here does I/O or knows a backend: the engine, the simulation, the soak and
+//! `seckill audit` all build a [`Snapshot`] from what they can see and hand it to the same
+//! checkers, so a verdict means the same thing everywhere. Each checker returns every violation
+//! it finds (not just the first), with the bucket and the numbers that disagree.
+//!
+//! Safety (S1–S4) must hold at every observation; R1 only at quiescence (faults healed, queue
+//! drained, jobs ran), because an order in flight is legitimately counted twice for a moment:
+//! once as an open reservation in Redis and once in the ledger, until it is settled.
+
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// One observation of one activity: the stock cache (Redis), the ledger (MySQL) and the plan.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Snapshot {
+    pub activity: u64,
+    /// Units the activity sells in all, over every bucket (the plan's total).
+    pub total_stock: u64,
+    pub buckets: Vec<BucketState>,
+    /// Every order row of the activity in the ledger, whatever its status.
+    pub orders: Vec<Order>,
+}
+
+/// One stock bucket as both stores see it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BucketState {
+    pub bucket: u32,
+    /// Units the plan gave this bucket.
+    pub initial: u64,
+    /// `sk:{A.b}:stock`; `None` when the key is missing (not warmed, or lost with Redis).
+    pub redis_stock: Option<i64>,
+    /// Open reservations in `sk:{A.b}:resv` (the outbox).
+    pub open: Vec<OpenReservation>,
+    /// Units moved into / out of this bucket by rebalancing (DESIGN §4), net of acknowledgement.
+    pub transfers_in: u64,
+    pub transfers_out: u64,
+    /// `stock_bucket` row: `initial` and `remaining`; `None` when the ledger has no row.
+    pub ledger_initial: Option<u64>,
+    pub ledger_remaining: Option<i64>,
+    /// Sum of this bucket's `stock_journal` deltas (negative for orders, positive for cancels).
+    pub journal_delta: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OpenReservation {
+    pub reservation: String,
+    pub user: u64,
+    pub qty: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Order {
+    pub reservation: String,
+    pub user: u64,
+    pub bucket: u32,
+    pub qty: u64,
+    pub status: OrderStatus,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderStatus {
+    Created,
+    Paid,
+    Cancelled,
+    Failed,
+}
+
+impl OrderStatus {
+    /// Created and paid orders hold stock; cancelled ones gave it back; failed ones never had it.
+    pub fn holds_stock(self) -> bool {
+        matches!(self, OrderStatus::Created | OrderStatus::Paid)
+    }
+}
+
+/// Which invariant a violation breaks (names as in DESIGN §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Invariant {
+    S1NoOversell,
+    S2OneOrderPerUser,
+    S3RedisNonNegative,
+    S4ConfirmedOrderKept,
+    R1Reconciled,
+    L1QueuedResolved,
+}
+
+impl Invariant {
+    pub fn code(self) -> &'static str {
+        match self {
+            Invariant::S1NoOversell => "S1",
+            Invariant::S2OneOrderPerUser => "S2",
+            Invariant::S3RedisNonNegative => "S3",
+            Invariant::S4ConfirmedOrderKept => "S4",
+            Invariant::R1Reconciled => "R1",
+            Invariant::L1QueuedResolved => "L1",
+        }
+    }
+}
+
+impl fmt::Display for Invariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Invariant::S1NoOversell => "no oversell",
+            Invariant::S2OneOrderPerUser => "one order per user",
+            Invariant::S3RedisNonNegative => "redis stock never negative",
+            Invariant::S4ConfirmedOrderKept => "no confirmed order lost",
+            Invariant::R1Reconciled => "reconciliation",
+            Invariant::L1QueuedResolved => "every queued request resolved",
+        };
+        write!(f, "{} {}", self.code(), name)
+    }
+}
+
+/// One broken invariant, with enough detail to find the cause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub invariant: Invariant,
+    pub bucket: Option<u32>,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bucket {
+            Some(b) => write!(f, "{} (bucket {b}): {}", self.invariant, self.detail),
+            None => write!(f, "{}: {}", self.invariant, self.detail),
+        }
+    }
+}
+
+fn violation(invariant: Invariant, bucket: Option<u32>, detail: String) -> Violation {
+    Violation {
+        invariant,
+        bucket,
+        detail,
+    }
+}
+
+/// Units the ledger holds as sold (created + paid) per bucket.
+fn ledger_units_by_bucket(s: &Snapshot) -> BTreeMap<u32, u64> {
+    let mut by_bucket = BTreeMap::new();
+    for o in s.orders.iter().filter(|o| o.status.holds_stock()) {
+        *by_bucket.entry(o.bucket).or_insert(0) += o.qty;
+    }
+    by_bucket
+}
+
+/// S1 no oversell: ledger units sold ≤ total stock; every `remaining ≥ 0`; per bucket
+/// `initial − remaining = units sold from it − transfers in + transfers out`, and the journal
+/// agrees with `remaining − initial`.
+pub fn s1_no_oversell(s: &Snapshot) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let sold = ledger_units_by_bucket(s);
+    let total_sold: u64 = sold.values().sum();
+    if total_sold > s.total_stock {
+        out.push(violation(
+            Invariant::S1NoOversell,
+            None,
+            format!(
+                "ledger holds {total_sold} units sold of {} in stock",
+                s.total_stock
+            ),
+        ));
+    }
+    let known: BTreeSet<u32> = s.buckets.iter().map(|b| b.bucket).collect();
+    for (bucket, units) in &sold {
+        if !known.contains(bucket) {
+            out.push(violation(
+                Invariant::S1NoOversell,
+                Some(*bucket),
+                format!("{units} units sold from a bucket the plan does not have"),
+            ));
+        }
+    }
+    for b in &s.buckets {
+        let (Some(initial), Some(remaining)) = (b.ledger_initial, b.ledger_remaining) else {
+            if sold.get(&b.bucket).copied().unwrap_or(0) > 0 {
+                out.push(violation(
+                    Invariant::S1NoOversell,
+                    Some(b.bucket),
+                    "orders exist but the ledger has no stock_bucket row".into(),
+                ));
+            }
+            continue;
+        };
+        if remaining < 0 {
+            out.push(violation(
+                Invariant::S1NoOversell,
+                Some(b.bucket),
+                format!("stock_bucket.remaining = {remaining}"),
+            ));
+        }
+        let units = sold.get(&b.bucket).copied().unwrap_or(0) as i64;
+        let moved = b.transfers_in as i64 - b.transfers_out as i64;
+        let taken = initial as i64 - remaining;
+        if taken != units - moved {
+            out.push(violation(
+                Invariant::S1NoOversell,
+                Some(b.bucket),
+                format!(
+                    "initial {initial} - remaining {remaining} = {taken}, but orders hold {units} \
+                     units and transfers net {moved:+}"
+                ),
+            ));
+        }
+        if b.journal_delta != remaining - initial as i64 {
+            out.push(violation(
+                Invariant::S1NoOversell,
+                Some(b.bucket),
+                format!(
+                    "journal sums to {:+} but remaining - initial = {:+}",
+                    b.journal_delta,
+                    remaining - initial as i64
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// S2 one order per user: at most one non-failed order per (activity, user).
+pub fn s2_one_order_per_user(s: &Snapshot) -> Vec<Violation> {
+    let mut by_user: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for o in s.orders.iter().filter(|o| o.status != OrderStatus::Failed) {
+        by_user.entry(o.user).or_default().push(&o.reservation);
+    }
+    by_user
+        .into_iter()
+        .filter(|(_, rs)| rs.len() > 1)
+        .map(|(user, rs)| {
+            violation(
+                Invariant::S2OneOrderPerUser,
+                None,
+                format!("user {user} has {} orders: {}", rs.len(), rs.join(", ")),
+            )
+        })
+        .collect()
+}
+
+/// S3 Redis never negative: every bucket's stock key is ≥ 0.
+pub fn s3_redis_non_negative(s: &Snapshot) -> Vec<Violation> {
+    s.buckets
+        .iter()
+        .filter_map(|b| match b.redis_stock {
+            Some(stock) if stock < 0 => Some(violation(
+                Invariant::S3RedisNonNegative,
+                Some(b.bucket),
+                format!("redis stock = {stock}"),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// S4 no confirmed order lost: every reservation a client was told is an order (created or
+/// paid) is still in the ledger, and still created, paid or cancelled — never gone or failed.
+pub fn s4_confirmed_kept(s: &Snapshot, confirmed: &[String]) -> Vec<Violation> {
+    let by_id: BTreeMap<&str, &Order> = s.orders.iter().map(|o| (o.reservation.as_str(), o)).collect();
+    confirmed
+        .iter()
+        .filter_map(|rid| match by_id.get(rid.as_str()) {
+            None => Some(violation(
+                Invariant::S4ConfirmedOrderKept,
+                None,
+                format!("confirmed order {rid} is missing from the ledger"),
+            )),
+            Some(o) if o.status == OrderStatus::Failed => Some(violation(
+                Invariant::S4ConfirmedOrderKept,
+                Some(o.bucket),
+                format!("confirmed order {rid} is now failed"),
+            )),
+            Some(_) => None,
+        })
+        .collect()
+}
+
+/// The safety invariants S1–S3, which need no history. S4 needs the client's history:
+/// [`s4_confirmed_kept`].
+pub fn check_safety(s: &Snapshot) -> Vec<Violation> {
+    let mut out = s1_no_oversell(s);
+    out.extend(s2_one_order_per_user(s));
+    out.extend(s3_redis_non_negative(s));
+    out
+}
+
+/// R1 reconciliation, per bucket: `redis stock + open reservations the ledger lacks + ledger
+/// units sold − transfers in + transfers out = initial`. An open reservation whose order the
+/// ledger already holds counts once (it is merely not settled yet). Only meaningful at
+/// quiescence.
+pub fn r1_reconciled(s: &Snapshot) -> Vec<Violation> {
+    let sold = ledger_units_by_bucket(s);
+    let in_ledger: BTreeSet<&str> = s
+        .orders
+        .iter()
+        .filter(|o| o.status.holds_stock())
+        .map(|o| o.reservation.as_str())
+        .collect();
+    let mut out = Vec::new();
+    for b in &s.buckets {
+        let Some(stock) = b.redis_stock else {
+            out.push(violation(
+                Invariant::R1Reconciled,
+                Some(b.bucket),
+                "redis has no stock key for this bucket".into(),
+            ));
+            continue;
+        };
+        let open: u64 = b
+            .open
+            .iter()
+            .filter(|r| !in_ledger.contains(r.reservation.as_str()))
+            .map(|r| r.qty)
+            .sum();
+        let units = sold.get(&b.bucket).copied().unwrap_or(0);
+        let lhs = stock + open as i64 + units as i64 - b.transfers_in as i64 + b.transfers_out as i64;
+        if lhs != b.initial as i64 {
+            out.push(violation(
+                Invariant::R1Reconciled,
+                Some(b.bucket),
+                format!(
+                    "redis {stock} + open {open} + sold {units} - in {} + out {} = {lhs}, initial {}",
+                    b.transfers_in, b.transfers_out, b.initial
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// L1 liveness, at quiescence: every reservation a client was told is "queued" resolved — it is
+/// an order in the ledger (any status), or it is no longer open in Redis (it was released).
+pub fn l1_queued_resolved(s: &Snapshot, queued: &[String]) -> Vec<Violation> {
+    let in_ledger: BTreeSet<&str> = s.orders.iter().map(|o| o.reservation.as_str()).collect();
+    let open: BTreeMap<&str, u32> = s
+        .buckets
+        .iter()
+        .flat_map(|b| b.open.iter().map(move |r| (r.reservation.as_str(), b.bucket)))
+        .collect();
+    queued
+        .iter()
+        .filter(|rid| !in_ledger.contains(rid.as_str()))
+        .filter_map(|rid| {
+            open.get(rid.as_str()).map(|bucket| {
+                violation(
+                    Invariant::L1QueuedResolved,
+                    Some(*bucket),
+                    format!("queued reservation {rid} is still open and not in the ledger"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// A short verdict line: `ok`, or `VIOLATED S1,R1`.
+pub fn verdict(violations: &[Violation]) -> String {
+    if violations.is_empty() {
+        return "ok".into();
+    }
+    let codes: BTreeSet<&str> = violations.iter().map(|v| v.invariant.code()).collect();
+    format!("VIOLATED {}", codes.into_iter().collect::<Vec<_>>().join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two buckets of 5 units; bucket 0 sold 2 (one paid), one open reservation in bucket 1.
+    fn healthy() -> Snapshot {
+        let order = |r: &str, user, bucket, status| Order {
+            reservation: r.into(),
+            user,
+            bucket,
+            qty: 1,
+            status,
+        };
+        Snapshot {
+            activity: 1,
+            total_stock: 10,
+            buckets: vec![
+                BucketState {
+                    bucket: 0,
+                    initial: 5,
+                    redis_stock: Some(3),
+                    ledger_initial: Some(5),
+                    ledger_remaining: Some(3),
+                    journal_delta: -2,
+                    ..Default::default()
+                },
+                BucketState {
+                    bucket: 1,
+                    initial: 5,
+                    redis_stock: Some(4),
+                    open: vec![OpenReservation {
+                        reservation: "c".into(),
+                        user: 3,
+                        qty: 1,
+                    }],
+                    ledger_initial: Some(5),
+                    ledger_remaining: Some(5),
+                    ..Default::default()
+                },
+            ],
+            orders: vec![
+                order("a", 1, 0, OrderStatus::Created),
+                order("b", 2, 0, OrderStatus::Paid),
+                order("f", 9, 1, OrderStatus::Failed),
+            ],
+        }
+    }
+
+    fn codes(v: &[Violation]) -> Vec<&'static str> {
+        v.iter().map(|v| v.invariant.code()).collect()
+    }
+
+    #[test]
+    fn healthy_snapshot_passes_everything() {
+        let s = healthy();
+        assert_eq!(check_safety(&s), vec![]);
+        assert_eq!(r1_reconciled(&s), vec![]);
+        assert_eq!(s4_confirmed_kept(&s, &["a".into(), "b".into()]), vec![]);
+        assert_eq!(verdict(&[]), "ok");
+    }
+
+    #[test]
+    fn s1_catches_ledger_selling_more_than_its_rows_say() {
+        let mut s = healthy();
+        s.orders.push(Order {
+            reservation: "x".into(),
+            user: 7,
+            bucket: 0,
+            qty: 1,
+            status: OrderStatus::Created,
+        });
+        let v = s1_no_oversell(&s);
+        assert_eq!(codes(&v), vec!["S1"]);
+        assert_eq!(v[0].bucket, Some(0));
+    }
+
+    #[test]
+    fn s1_catches_negative_remaining_and_total_oversell() {
+        let mut s = healthy();
+        s.total_stock = 1;
+        s.buckets[0].ledger_remaining = Some(-1);
+        let v = s1_no_oversell(&s);
+        assert!(v
+            .iter()
+            .any(|v| v.bucket.is_none() && v.detail.contains("2 units sold of 1")));
+        assert!(v.iter().any(|v| v.detail.contains("remaining = -1")));
+    }
+
+    #[test]
+    fn s1_catches_a_journal_that_disagrees() {
+        let mut s = healthy();
+        s.buckets[0].journal_delta = -1;
+        let v = s1_no_oversell(&s);
+        assert_eq!(codes(&v), vec!["S1"]);
+        assert!(v[0].detail.contains("journal"));
+    }
+
+    #[test]
+    fn s2_catches_two_live_orders_for_one_user() {
+        let mut s = healthy();
+        s.orders[1].user = 1;
+        let v = s2_one_order_per_user(&s);
+        assert_eq!(codes(&v), vec!["S2"]);
+        assert!(v[0].detail.contains("user 1 has 2 orders"));
+        // a failed order beside a live one is allowed
+        s.orders[1].user = 9;
+        assert_eq!(s2_one_order_per_user(&s), vec![]);
+    }
+
+    #[test]
+    fn s3_catches_negative_redis_stock() {
+        let mut s = healthy();
+        s.buckets[1].redis_stock = Some(-2);
+        let v = s3_redis_non_negative(&s);
+        assert_eq!(codes(&v), vec!["S3"]);
+        assert_eq!(v[0].bucket, Some(1));
+    }
+
+    #[test]
+    fn s4_catches_a_lost_or_failed_confirmed_order() {
+        let mut s = healthy();
+        s.orders.retain(|o| o.reservation != "a"); // "a" is lost
+        s.orders[0].status = OrderStatus::Failed; // "b" turned failed
+        let v = s4_confirmed_kept(&s, &["a".into(), "b".into()]);
+        assert_eq!(codes(&v), vec!["S4", "S4"]);
+        assert!(v[0].detail.contains("missing"));
+        assert!(v[1].detail.contains("now failed"));
+    }
+
+    #[test]
+    fn r1_catches_lost_units_and_missing_keys() {
+        let mut s = healthy();
+        s.buckets[1].open.clear(); // the open unit vanished from Redis
+        s.buckets[0].redis_stock = None;
+        let v = r1_reconciled(&s);
+        assert_eq!(codes(&v), vec!["R1", "R1"]);
+        assert!(v[0].detail.contains("no stock key"));
+        assert!(v[1].detail.contains("= 4, initial 5"));
+        assert_eq!(verdict(&v), "VIOLATED R1");
+    }
+
+    #[test]
+    fn r1_counts_an_unsettled_open_reservation_once() {
+        let mut s = healthy();
+        // the open reservation "c" reached the ledger but is not settled yet
+        s.orders.push(Order {
+            reservation: "c".into(),
+            user: 3,
+            bucket: 1,
+            qty: 1,
+            status: OrderStatus::Created,
+        });
+        assert_eq!(r1_reconciled(&s), vec![]);
+    }
+
+    #[test]
+    fn l1_catches_a_queued_reservation_left_open() {
+        let s = healthy();
+        // "a" is an order; "c" is still open in Redis and unknown to the ledger
+        assert_eq!(l1_queued_resolved(&s, &["a".into()]), vec![]);
+        let v = l1_queued_resolved(&s, &["a".into(), "c".into()]);
+        assert_eq!(codes(&v), vec!["L1"]);
+        assert_eq!(v[0].bucket, Some(1));
+        // released (gone from Redis, never in the ledger) counts as resolved
+        assert_eq!(l1_queued_resolved(&s, &["zz".into()]), vec![]);
+    }
+
+    #[test]
+    fn r1_accounts_for_transfers() {
+        let mut s = healthy();
+        s.buckets[0].redis_stock = Some(1); // two units moved out of bucket 0 ...
+        s.buckets[0].transfers_out = 2;
+        s.buckets[1].redis_stock = Some(6); // ... into bucket 1
+        s.buckets[1].transfers_in = 2;
+        assert_eq!(r1_reconciled(&s), vec![]);
+        s.buckets[1].transfers_in = 1;
+        assert_eq!(codes(&r1_reconciled(&s)), vec!["R1"]);
+    }
+}

@@ -1,0 +1,48 @@
+-- release.lua — give a reservation's units back to ITS OWN bucket (never to route(user): a unit
+-- taken from the fallback goes back to the fallback). Idempotent in every mode.
+--
+-- KEYS[1] sk:{A.b}:stock  KEYS[2] sk:{A.b}:buyers  KEYS[3] sk:{A.b}:resv  KEYS[4] sk:{A.b}:xfer
+-- ARGV[1] mode  ARGV[2] reservation id  ARGV[3] user  ARGV[4] qty
+--   "unpublished": the order never reached the bus (a determinate publish failure): the open
+--                  reservation goes back and the buyer mark is cleared, so the user may retry.
+--   "rejected":    the ledger refused it (the user already holds another order): the open
+--                  reservation goes back, the buyer mark stays.
+--   "cancelled":   a durable order was cancelled (payment timeout): the units go back once,
+--                  remembered as xfer field "rel:<reservation id>"; an open entry is closed too.
+-- -> {"released", qty} | {"absent"} (nothing open / already released)
+local mode, rid, user = ARGV[1], ARGV[2], ARGV[3]
+if not rid or not string.match(rid, "^%x+$") then
+  return redis.error_reply("ERR release: reservation id must be hex")
+end
+local open = redis.call("HGET", KEYS[3], rid)
+local qty
+if open then
+  qty = tonumber(string.match(open, "^%d+|(%d+)|"))
+end
+
+if mode == "unpublished" or mode == "rejected" then
+  if not open then
+    return {"absent"}
+  end
+  redis.call("INCRBY", KEYS[1], qty)
+  redis.call("HDEL", KEYS[3], rid)
+  if mode == "unpublished" then
+    redis.call("SREM", KEYS[2], user)
+  end
+  return {"released", qty}
+elseif mode == "cancelled" then
+  if redis.call("HEXISTS", KEYS[4], "rel:" .. rid) == 1 then
+    return {"absent"}
+  end
+  if not open then
+    qty = tonumber(ARGV[4])
+    if not qty or qty < 1 or qty ~= math.floor(qty) then
+      return redis.error_reply("ERR release: qty must be a positive integer")
+    end
+  end
+  redis.call("INCRBY", KEYS[1], qty)
+  redis.call("HDEL", KEYS[3], rid)
+  redis.call("HSET", KEYS[4], "rel:" .. rid, qty)
+  return {"released", qty}
+end
+return redis.error_reply("ERR release: unknown mode " .. tostring(mode))

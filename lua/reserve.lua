@@ -1,0 +1,64 @@
+-- reserve.lua — take units for one user from ONE stock bucket, atomically (one slot: every key
+-- shares the bucket's hash tag). This file is the only place the reserve logic exists.
+--
+-- KEYS[1] sk:{A.b}:stock   KEYS[2] sk:{A.b}:buyers   KEYS[3] sk:{A.b}:resv
+--
+-- op "own"      (the user's own bucket)  ARGV: op, user, qty, reservation id, now_ms, bucket, fallback("1"|"0")
+-- op "fallback" (the fallback bucket)    ARGV: op, user, qty, reservation id, now_ms, bucket
+--   -> {"reserved", bucket} | {"duplicate"} | {"empty"} | {"pending"} | {"not_warmed"}
+--   "pending" (own only, when the bucket is empty and a fallback exists): the user is marked in
+--   this bucket's buyers and a `pending:<user>` field records the attempt, so that the same user
+--   cannot also win from this bucket later while the fallback attempt is in flight.
+-- op "resolve"  (the user's own bucket, after the fallback attempt)  ARGV: op, user, "keep"|"clear"
+--   "keep": the user won from the fallback; the buyer mark stays, the pending field goes.
+--   "clear": the fallback was empty too; mark and pending field both go.   -> {"resolved", n}
+--
+-- A reservation is the field <reservation id> of resv with value "<user>|<qty>|<reserved_at_ms>";
+-- it stays there (the outbox) until the ledger holds the order (settle) or it is released.
+local op = ARGV[1]
+local user = ARGV[2]
+if not user or not string.match(user, "^%d+$") then
+  return redis.error_reply("ERR reserve: user must be a decimal id")
+end
+
+if op == "resolve" then
+  local n = redis.call("HDEL", KEYS[3], "pending:" .. user)
+  if ARGV[3] == "clear" then
+    redis.call("SREM", KEYS[2], user)
+  elseif ARGV[3] ~= "keep" then
+    return redis.error_reply("ERR reserve: resolve wants keep or clear")
+  end
+  return {"resolved", n}
+end
+
+if op ~= "own" and op ~= "fallback" then
+  return redis.error_reply("ERR reserve: unknown op " .. tostring(op))
+end
+local qty = tonumber(ARGV[3])
+if not qty or qty < 1 or qty ~= math.floor(qty) then
+  return redis.error_reply("ERR reserve: qty must be a positive integer")
+end
+local rid = ARGV[4]
+if not rid or not string.match(rid, "^%x+$") then
+  return redis.error_reply("ERR reserve: reservation id must be hex")
+end
+
+local stock = redis.call("GET", KEYS[1])
+if not stock then
+  return {"not_warmed"}
+end
+if redis.call("SISMEMBER", KEYS[2], user) == 1 then
+  return {"duplicate"}
+end
+if tonumber(stock) >= qty then
+  redis.call("DECRBY", KEYS[1], qty)
+  redis.call("SADD", KEYS[2], user)
+  redis.call("HSET", KEYS[3], rid, user .. "|" .. qty .. "|" .. ARGV[5])
+  return {"reserved", tonumber(ARGV[6])}
+end
+if op == "own" and ARGV[7] == "1" then
+  redis.call("SADD", KEYS[2], user)
+  redis.call("HSET", KEYS[3], "pending:" .. user, rid .. "|" .. ARGV[5])
+  return {"pending"}
+end
+return {"empty"}
