@@ -1,6 +1,7 @@
 //! The `seckill` command line. Every flag is range-checked by clap, so a bad value is refused
 //! with an error naming the flag before anything runs.
 
+use crate::clock::Clock;
 use crate::demo::{self, DemoConfig, DemoReport};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -110,7 +111,10 @@ fn run_demo(args: DemoArgs) -> ExitCode {
     };
     let started = Instant::now();
     let tick = bar.clone();
-    let result = runtime.block_on(demo::run(&cfg, wall_now_ms, move || tick.inc(1)));
+    let result = runtime.block_on(async {
+        let clock = Clock::new(wall_now_ms, tokio::time::Instant::now());
+        demo::run(&cfg, clock, move || tick.inc(1)).await
+    });
     bar.finish_and_clear();
     let elapsed = started.elapsed();
     let report = match result {

@@ -1,8 +1,9 @@
 //! Wall-clock time for the engine, derived from `tokio::time` so the simulation controls it.
 //!
-//! The process reads the real wall clock once (in the binary) and hands it to `Clock`; from then
-//! on time advances with `tokio::time::Instant`, which madsim virtualizes. A seed therefore
-//! replays the same timestamps, and tests can pause and advance time.
+//! The process reads the real wall clock once (in the binary) and hands it to `Clock` with the
+//! `tokio::time::Instant` it read it at; from then on time advances with that instant, which
+//! madsim virtualizes. Engine code never reads a clock itself, so a seed replays the same
+//! timestamps and tests can set the time they need.
 
 use tokio::time::Instant;
 
@@ -13,11 +14,11 @@ pub struct Clock {
 }
 
 impl Clock {
-    /// A clock that reads `wall_ms` now. Must be called inside a runtime (madsim requires it).
-    pub fn starting_at(wall_ms: u64) -> Clock {
+    /// A clock that read `wall_ms` at `origin`.
+    pub fn new(wall_ms: u64, origin: Instant) -> Clock {
         Clock {
             wall_at_origin_ms: wall_ms,
-            origin: Instant::now(),
+            origin,
         }
     }
 

@@ -99,12 +99,14 @@ fn workload(cfg: &DemoConfig, rng: &mut StdRng) -> Vec<UserId> {
     clicks
 }
 
-/// Run the sale. `on_answer` is called once per answered request (for a progress bar).
+/// Run the sale, opening at the clock's current time. `on_answer` is called once per answered
+/// request (for a progress bar).
 pub async fn run(
     cfg: &DemoConfig,
-    wall_now_ms: u64,
+    clock: Clock,
     on_answer: impl Fn() + Send + Sync + 'static,
 ) -> Result<DemoReport, DemoError> {
+    let wall_now_ms = clock.now_ms();
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let activity = Activity::new(ActivitySpec {
         id: ActivityId(1),
@@ -121,7 +123,6 @@ pub async fn run(
     backend.ledger.install(&activity, &plan).await?;
     backend.cache.warmup(&plan).await?;
 
-    let clock = Clock::starting_at(wall_now_ms);
     let service = PurchaseService::new(
         backend.cache.clone(),
         backend.bus.clone(),

@@ -1,6 +1,7 @@
 //! `seckill demo`: the library run (sells exactly the stock, or one unit per user when users
 //! are fewer) and the binary's flags and output.
 
+use seckill_engine::clock::Clock;
 use seckill_engine::demo::{self, DemoConfig};
 use std::process::Command;
 
@@ -11,7 +12,8 @@ async fn sale(users: u64, stock: u64) -> demo::DemoReport {
         seed: 7,
         ..DemoConfig::default()
     };
-    demo::run(&cfg, 1_767_225_600_000, || {}).await.unwrap()
+    let clock = Clock::new(1_767_225_600_000, tokio::time::Instant::now());
+    demo::run(&cfg, clock, || {}).await.unwrap()
 }
 
 #[tokio::test]

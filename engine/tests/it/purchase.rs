@@ -41,7 +41,7 @@ pub async fn rig(stock: u64, buckets: u32, pct: u8, now_ms: u64) -> Rig {
     let service = PurchaseService::new(
         cache.clone(),
         bus.clone(),
-        Clock::starting_at(now_ms),
+        Clock::new(now_ms, tokio::time::Instant::now()),
         PurchaseConfig::default(),
         &mut rng,
     );

@@ -261,21 +261,20 @@ impl OrderSource for EmbeddedConsumer {
     async fn poll(&mut self, max: usize) -> PortResult<Vec<Delivery>> {
         let max = max.max(1);
         let shared = self.bus.shared.clone();
-        let notify = &shared.notify;
-        let deadline = tokio::time::Instant::now() + shared.poll_wait;
+        let deadline = tokio::time::sleep(shared.poll_wait);
+        tokio::pin!(deadline);
         loop {
             // Register interest before looking, so a publish in between is not missed.
-            let notified = notify.notified();
+            let notified = shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let batch = self.take(max);
             if !batch.is_empty() {
                 return Ok(batch);
             }
-            // `timeout`, not `timeout_at`: madsim's time module has only the former.
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if tokio::time::timeout(left, notified).await.is_err() {
-                return Ok(Vec::new());
+            tokio::select! {
+                _ = &mut deadline => return Ok(Vec::new()),
+                _ = notified => {}
             }
         }
     }
