@@ -80,6 +80,11 @@ fn partition_of(key: &str, partitions: usize) -> usize {
 
 impl EmbeddedBus {
     pub fn new(partitions: u32, capacity: usize) -> EmbeddedBus {
+        Self::with_poll_wait(partitions, capacity, POLL_WAIT)
+    }
+
+    /// The same bus with another poll wait (tests use zero: an empty poll returns at once).
+    pub fn with_poll_wait(partitions: u32, capacity: usize, poll_wait: Duration) -> EmbeddedBus {
         assert!(
             partitions >= 1 && capacity >= 1,
             "bus: at least one partition and one slot"
@@ -103,17 +108,8 @@ impl EmbeddedBus {
                 }),
                 notify: Notify::new(),
                 capacity,
-                poll_wait: POLL_WAIT,
+                poll_wait,
             }),
-        }
-    }
-
-    /// The same bus with another poll wait (tests use zero: an empty poll returns at once).
-    pub fn with_poll_wait(partitions: u32, capacity: usize, poll_wait: Duration) -> EmbeddedBus {
-        let bus = Self::new(partitions, capacity);
-        let shared = Arc::into_inner(bus.shared).expect("just created");
-        EmbeddedBus {
-            shared: Arc::new(Shared { poll_wait, ..shared }),
         }
     }
 
