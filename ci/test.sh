@@ -25,7 +25,20 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "tests (plain build)"
 cargo test --workspace
 
-step "simulation (--cfg madsim)"
+step "clippy (--cfg madsim)"
+cargo clippy -p seckill-engine -p seckill-sim --features seckill-sim/simulation --all-targets --release \
+  --config "build.rustflags=['--cfg','madsim']" --target-dir target/sim -- -D warnings
+
+step "simulation (--cfg madsim): every scenario over a seed range, planted bugs, smoke"
 cargo sim
+
+step "simulation replays bit-identically (MADSIM_TEST_CHECK_DETERMINISM) on a sample of seeds"
+for seed in 11 12 13; do
+  MADSIM_TEST_SEED=$seed MADSIM_TEST_CHECK_DETERMINISM=1 cargo sim -- chaos_world_is_deterministic
+done
+
+step "soak sample (every planted bug caught within 10 seeds; 20 seeds of every scenario)"
+ci/soak.sh --planted all --seeds 10
+ci/soak.sh --seeds 20 --from 1000
 
 step "done"

@@ -10,6 +10,8 @@ pub mod clock;
 pub mod conformance;
 pub mod demo;
 pub mod domain;
+#[cfg(madsim)]
+pub mod planted;
 pub mod ports;
 pub mod service;
 

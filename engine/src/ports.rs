@@ -11,29 +11,30 @@
 use crate::domain::{
     Activity, ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId,
 };
+use serde::{Deserialize, Serialize};
 use std::future::Future;
 
 pub use seckill_invariants::OrderStatus;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum PortError {
     #[error("{op} did not happen: {reason}")]
-    Determinate { op: &'static str, reason: String },
+    Determinate { op: String, reason: String },
     #[error("{op} outcome unknown: {reason}")]
-    Indeterminate { op: &'static str, reason: String },
+    Indeterminate { op: String, reason: String },
 }
 
 impl PortError {
     pub fn determinate(op: &'static str, reason: impl Into<String>) -> Self {
         PortError::Determinate {
-            op,
+            op: op.to_string(),
             reason: reason.into(),
         }
     }
 
     pub fn indeterminate(op: &'static str, reason: impl Into<String>) -> Self {
         PortError::Indeterminate {
-            op,
+            op: op.to_string(),
             reason: reason.into(),
         }
     }
@@ -143,7 +144,7 @@ pub trait StockCache: Clone + Send + Sync + 'static {
 
 /// One record handed to a consumer. The payload is raw: decoding (and dead-lettering what does
 /// not decode) is the consumer's job, shared by every bus implementation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Delivery {
     pub partition: u32,
     pub offset: u64,
@@ -182,7 +183,7 @@ pub trait OrderSource: Send + 'static {
 // ---------------------------------------------------------------------------------------------
 // Ledger (MySQL)
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ApplyOutcome {
     /// A new order; the bucket's stock went down by its quantity.
     Created,
@@ -196,13 +197,13 @@ pub enum ApplyOutcome {
     UnknownBucket,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrderRow {
     pub reservation: Reservation,
     pub status: OrderStatus,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PayOutcome {
     Paid,
     AlreadyPaid,
@@ -211,7 +212,7 @@ pub enum PayOutcome {
     NotFound,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JournalKind {
     Order,
     Cancel,
@@ -219,7 +220,7 @@ pub enum JournalKind {
     Adjust,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JournalEntry {
     pub bucket: BucketNo,
     pub kind: JournalKind,
@@ -228,14 +229,14 @@ pub struct JournalEntry {
     pub delta: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerBucket {
     pub bucket: BucketNo,
     pub initial: u64,
     pub remaining: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct LedgerView {
     pub buckets: Vec<LedgerBucket>,
     pub orders: Vec<OrderRow>,

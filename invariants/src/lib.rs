@@ -9,7 +9,7 @@
 //! drained, jobs ran), because an order in flight is legitimately counted twice for a moment:
 //! once as an open reservation in Redis and once in the ledger, until it is settled.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -34,6 +34,8 @@ pub struct BucketState {
     pub redis_stock: Option<i64>,
     /// Open reservations in `sk:{A.b}:resv` (the outbox).
     pub open: Vec<OpenReservation>,
+    /// Users marked in `sk:{A.b}:buyers` (holding a unit, or a fallback attempt, via this bucket).
+    pub buyers: Vec<u64>,
     /// Units moved into / out of this bucket by rebalancing (DESIGN §4), net of acknowledgement.
     pub transfers_in: u64,
     pub transfers_out: u64,
@@ -49,6 +51,8 @@ pub struct OpenReservation {
     pub reservation: String,
     pub user: u64,
     pub qty: u64,
+    /// The user's own bucket (`route(user)`); differs from the holding bucket for a fallback unit.
+    pub own_bucket: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -60,7 +64,7 @@ pub struct Order {
     pub status: OrderStatus,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OrderStatus {
     Created,
@@ -240,6 +244,65 @@ pub fn s2_one_order_per_user(s: &Snapshot) -> Vec<Violation> {
         .collect()
 }
 
+/// S2 in Redis: no user holds two open reservations at once (over all buckets). Holds while
+/// Redis keeps its buyer marks; a Redis data loss may legitimately break it (the ledger's unique
+/// key is then the guard), so callers enable it only where Redis loses nothing.
+pub fn s2_redis_one_reservation_per_user(s: &Snapshot) -> Vec<Violation> {
+    let mut by_user: BTreeMap<u64, Vec<(u32, &str)>> = BTreeMap::new();
+    for b in &s.buckets {
+        for r in &b.open {
+            by_user
+                .entry(r.user)
+                .or_default()
+                .push((b.bucket, &r.reservation));
+        }
+    }
+    by_user
+        .into_iter()
+        .filter(|(_, rs)| rs.len() > 1)
+        .map(|(user, rs)| {
+            let list: Vec<String> = rs.iter().map(|(b, r)| format!("{r}@{b}")).collect();
+            violation(
+                Invariant::S2OneOrderPerUser,
+                Some(rs[0].0),
+                format!(
+                    "user {user} holds {} open reservations in redis: {}",
+                    rs.len(),
+                    list.join(", ")
+                ),
+            )
+        })
+        .collect()
+}
+
+/// S2 in Redis, the fallback protocol: a user holding a unit from another bucket than its own
+/// (the fallback) is still marked in its own bucket, so a later refill of that bucket cannot sell
+/// it a second unit (DESIGN §4, the pending-fallback mark). Same caveat as above: only while
+/// Redis loses nothing.
+pub fn s2_redis_fallback_winners_marked(s: &Snapshot) -> Vec<Violation> {
+    let marked: BTreeMap<u32, BTreeSet<u64>> = s
+        .buckets
+        .iter()
+        .map(|b| (b.bucket, b.buyers.iter().copied().collect()))
+        .collect();
+    s.buckets
+        .iter()
+        .flat_map(|b| b.open.iter().map(move |r| (b.bucket, r)))
+        .filter(|(held_in, r)| *held_in != r.own_bucket)
+        .filter(|(_, r)| !marked.get(&r.own_bucket).is_some_and(|m| m.contains(&r.user)))
+        .map(|(held_in, r)| {
+            violation(
+                Invariant::S2OneOrderPerUser,
+                Some(r.own_bucket),
+                format!(
+                    "user {} holds {} from bucket {held_in} but has no mark in its own bucket {}",
+                    r.user, r.reservation, r.own_bucket
+                ),
+            )
+        })
+        .collect()
+}
+
 /// S3 Redis never negative: every bucket's stock key is ≥ 0.
 pub fn s3_redis_non_negative(s: &Snapshot) -> Vec<Violation> {
     s.buckets
@@ -354,6 +417,28 @@ pub fn l1_queued_resolved(s: &Snapshot, queued: &[String]) -> Vec<Violation> {
         .collect()
 }
 
+/// L1 at quiescence, strongest form: nothing is left open in Redis — every reservation became
+/// an order or was released. Holds only where no fault can strand a reservation without the
+/// reconciler (lost messages, unknown reserve outcomes, engine crashes mid-request).
+pub fn l1_nothing_open(s: &Snapshot) -> Vec<Violation> {
+    s.buckets
+        .iter()
+        .filter(|b| !b.open.is_empty())
+        .map(|b| {
+            let ids: Vec<&str> = b.open.iter().take(3).map(|r| r.reservation.as_str()).collect();
+            violation(
+                Invariant::L1QueuedResolved,
+                Some(b.bucket),
+                format!(
+                    "{} reservations still open (e.g. {})",
+                    b.open.len(),
+                    ids.join(", ")
+                ),
+            )
+        })
+        .collect()
+}
+
 /// A short verdict line: `ok`, or `VIOLATED S1,R1`.
 pub fn verdict(violations: &[Violation]) -> String {
     if violations.is_empty() {
@@ -397,7 +482,9 @@ mod tests {
                         reservation: "c".into(),
                         user: 3,
                         qty: 1,
+                        own_bucket: 1,
                     }],
+                    buyers: vec![3],
                     ledger_initial: Some(5),
                     ledger_remaining: Some(5),
                     ..Default::default()
@@ -528,6 +615,51 @@ mod tests {
         assert_eq!(v[0].bucket, Some(1));
         // released (gone from Redis, never in the ledger) counts as resolved
         assert_eq!(l1_queued_resolved(&s, &["zz".into()]), vec![]);
+    }
+
+    #[test]
+    fn s2_redis_catches_one_user_holding_two_reservations() {
+        let mut s = healthy();
+        assert_eq!(s2_redis_one_reservation_per_user(&s), vec![]);
+        s.buckets[0].open.push(OpenReservation {
+            reservation: "d".into(),
+            user: 3,
+            qty: 1,
+            own_bucket: 1,
+        });
+        let v = s2_redis_one_reservation_per_user(&s);
+        assert_eq!(codes(&v), vec!["S2"]);
+        assert!(
+            v[0].detail.contains("user 3 holds 2 open reservations"),
+            "{}",
+            v[0].detail
+        );
+    }
+
+    #[test]
+    fn s2_redis_catches_a_fallback_winner_without_its_own_mark() {
+        let mut s = healthy();
+        // user 3 holds "c" in bucket 1 but bucket 1 is really the fallback of its own bucket 0
+        s.buckets[1].open[0].own_bucket = 0;
+        let v = s2_redis_fallback_winners_marked(&s);
+        assert_eq!(codes(&v), vec!["S2"]);
+        assert!(
+            v[0].detail.contains("no mark in its own bucket 0"),
+            "{}",
+            v[0].detail
+        );
+        s.buckets[0].buyers.push(3);
+        assert_eq!(s2_redis_fallback_winners_marked(&s), vec![]);
+    }
+
+    #[test]
+    fn l1_nothing_open_catches_a_stranded_reservation() {
+        let mut s = healthy();
+        let v = l1_nothing_open(&s);
+        assert_eq!(codes(&v), vec!["L1"]);
+        assert_eq!(v[0].bucket, Some(1));
+        s.buckets[1].open.clear();
+        assert_eq!(l1_nothing_open(&s), vec![]);
     }
 
     #[test]

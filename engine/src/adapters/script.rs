@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 
 /// A RESP2 reply, as Redis (or the model) returns it from a script.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Reply {
     Nil,
     Int(i64),
@@ -173,11 +173,12 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         }
     }
 
-    /// Run `reserve.lua` (`op` "own" or "fallback") for `candidate` on `candidate.bucket`.
+    /// Run `reserve.lua` (`op` "own" or "fallback") for `candidate` on `candidate.bucket`;
+    /// with `mark_pending`, an empty own bucket leaves the pending-fallback mark.
     async fn reserve_in(
         &self,
         op: &'static str,
-        plan: &StockPlan,
+        mark_pending: bool,
         candidate: &Reservation,
     ) -> PortResult<String> {
         let (a, bucket) = (candidate.activity, candidate.bucket);
@@ -191,7 +192,7 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
             bucket.to_string(),
         ];
         if op == "own" {
-            args.push(if plan.has_fallback() { "1" } else { "0" }.to_string());
+            args.push(if mark_pending { "1" } else { "0" }.to_string());
         }
         let reply = self.run("reserve", Script::Reserve, keys, args).await?;
         let (tag, rest) = tagged("reserve", &reply)?;
@@ -221,6 +222,42 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         match tagged("reserve", &reply)? {
             ("resolved", [Reply::Int(_)]) => Ok(()),
             _ => Err(bad_reply("reserve", &reply)),
+        }
+    }
+
+    /// Planted `NonAtomicReserve`: read in one call, decrement in another, from Rust.
+    #[cfg(madsim)]
+    async fn planted_non_atomic_reserve(&self, r: &Reservation) -> PortResult<ReserveOutcome> {
+        const READ: &str = "if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return -1 end \
+                            return tonumber(redis.call('GET', KEYS[1]) or '-2')";
+        const TAKE: &str = "redis.call('DECRBY', KEYS[1], ARGV[2]) redis.call('SADD', KEYS[2], ARGV[1]) \
+                            redis.call('HSET', KEYS[3], ARGV[3], ARGV[1] .. '|' .. ARGV[2] .. '|' .. ARGV[4]) \
+                            return 1";
+        let keys = vec![
+            stock_key(r.activity, r.bucket),
+            buyers_key(r.activity, r.bucket),
+            resv_key(r.activity, r.bucket),
+        ];
+        self.conn.script_load(READ).await?;
+        let stock = self
+            .conn
+            .eval_sha(&sha1_hex(READ), &keys, &[r.user.to_string()])
+            .await?;
+        match stock {
+            Reply::Int(-1) => Ok(ReserveOutcome::Duplicate),
+            Reply::Int(-2) => Ok(ReserveOutcome::NotWarmed),
+            Reply::Int(n) if n >= r.qty as i64 => {
+                let args = [
+                    r.user.to_string(),
+                    r.qty.to_string(),
+                    r.id.to_string(),
+                    r.reserved_at_ms.to_string(),
+                ];
+                self.conn.script_load(TAKE).await?;
+                self.conn.eval_sha(&sha1_hex(TAKE), &keys, &args).await?;
+                Ok(ReserveOutcome::Reserved(r.clone()))
+            }
+            _ => Ok(ReserveOutcome::Empty),
         }
     }
 
@@ -345,10 +382,35 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             qty,
             reserved_at_ms: now_ms,
         };
-        match self.reserve_in("own", plan, &own).await?.as_str() {
+        #[cfg(madsim)]
+        if crate::planted::on(crate::planted::Bug::NonAtomicReserve) {
+            return self.planted_non_atomic_reserve(&own).await;
+        }
+        let mark_pending = plan.has_fallback();
+        #[cfg(madsim)]
+        let mark_pending =
+            mark_pending && !crate::planted::on(crate::planted::Bug::FallbackWithoutPendingMark);
+        match self.reserve_in("own", mark_pending, &own).await?.as_str() {
             "reserved" => return Ok(ReserveOutcome::Reserved(own)),
             "duplicate" => return Ok(ReserveOutcome::Duplicate),
-            "empty" => return Ok(ReserveOutcome::Empty),
+            "empty" => {
+                #[cfg(madsim)]
+                if plan.has_fallback() {
+                    // Planted: fall back with no mark left in the own bucket.
+                    let fallback = Reservation {
+                        bucket: plan.fallback_bucket(),
+                        ..own
+                    };
+                    return Ok(
+                        match self.reserve_in("fallback", false, &fallback).await?.as_str() {
+                            "reserved" => ReserveOutcome::Reserved(fallback),
+                            "duplicate" => ReserveOutcome::Duplicate,
+                            _ => ReserveOutcome::Empty,
+                        },
+                    );
+                }
+                return Ok(ReserveOutcome::Empty);
+            }
             "not_warmed" => return Ok(ReserveOutcome::NotWarmed),
             _pending => {}
         }
@@ -358,7 +420,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             bucket: plan.fallback_bucket(),
             ..own.clone()
         };
-        let outcome = match self.reserve_in("fallback", plan, &fallback).await {
+        let outcome = match self.reserve_in("fallback", false, &fallback).await {
             Ok(tag) => tag,
             Err(e) if e.is_indeterminate() => return Err(e),
             Err(e) => {

@@ -34,8 +34,10 @@ pub async fn snapshot<C: StockCache, L: Ledger>(
                         reservation: r.id.to_string(),
                         user: r.user.0,
                         qty: r.qty as u64,
+                        own_bucket: plan.route(r.user).0,
                     })
                     .collect(),
+                buyers: b.buyers.iter().map(|u| u.0).collect(),
                 transfers_in: b.transfers_in,
                 transfers_out: b.transfers_out,
                 ledger_initial: row.map(|r| r.initial),

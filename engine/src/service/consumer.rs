@@ -102,6 +102,10 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
                 }
             }
         }
+        #[cfg(madsim)]
+        if crate::planted::on(crate::planted::Bug::AckBeforeCommit) {
+            self.source.commit(batch).await?;
+        }
         let outcomes = if events.is_empty() {
             Vec::new()
         } else {
@@ -125,6 +129,11 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
                 }
                 ApplyOutcome::Redelivered => {
                     report.redelivered += 1;
+                    #[cfg(madsim)]
+                    if crate::planted::on(crate::planted::Bug::RedeliveredAsDuplicate) {
+                        let _ = self.cache.release(r, ReleaseKind::Rejected).await;
+                        continue;
+                    }
                     self.cache.settle(r).await.map(drop)
                 }
                 // The ledger recorded it as failed: the unit it claims does not exist there, so

@@ -9,4 +9,4 @@ pub mod status;
 
 pub use consumer::{BatchReport, OrderConsumer};
 pub use purchase::{PurchaseConfig, PurchaseError, PurchaseOutcome, PurchaseService};
-pub use status::{order_status, OrderState};
+pub use status::{order_status, OrderState, StatusView};

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PurchaseOutcome {
     /// Units reserved and the order is on its way to the ledger.
     Queued(Reservation),
@@ -251,8 +251,26 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             Ok(()) => Ok(PurchaseOutcome::Queued(reservation)),
             // The record may be on the bus: the reservation stays open, the reconciler
             // republishes it if the ledger never sees it, and the ledger dedupes by id.
+            #[cfg(madsim)]
+            Err(e) if crate::planted::on(crate::planted::Bug::ReleaseOnIndeterminatePublish) => {
+                let _ = self
+                    .inner
+                    .cache
+                    .release(&reservation, ReleaseKind::Unpublished)
+                    .await;
+                Ok(unavailable(format!("order bus: {e}")))
+            }
             Err(e) if e.is_indeterminate() => Ok(PurchaseOutcome::Queued(reservation)),
             Err(e) => {
+                #[cfg(madsim)]
+                let reservation = if crate::planted::on(crate::planted::Bug::ReleaseToRoutedBucket) {
+                    Reservation {
+                        bucket: local.plan.route(user),
+                        ..reservation
+                    }
+                } else {
+                    reservation
+                };
                 // Certainly not published: give the units back and let the user retry. If this
                 // release fails too, the reservation stays open for the reconciler.
                 let _ = self

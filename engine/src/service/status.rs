@@ -1,11 +1,11 @@
 //! Order status for one user of one activity: the ledger's word when it has the order, else
 //! "queued" while the user holds a buyer mark in Redis (reserved, on its way to the ledger).
 
-use crate::domain::{StockPlan, UserId};
+use crate::domain::{ReservationId, StockPlan, UserId};
 use crate::ports::{Ledger, OrderStatus, PortResult, StockCache};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OrderState {
     Queued,
@@ -16,23 +16,38 @@ pub enum OrderState {
     None,
 }
 
+/// A user's order status, with the reservation it is about once the ledger has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusView {
+    pub state: OrderState,
+    pub reservation: Option<ReservationId>,
+}
+
 pub async fn order_status<C: StockCache, L: Ledger>(
     cache: &C,
     ledger: &L,
     plan: &StockPlan,
     user: UserId,
-) -> PortResult<OrderState> {
+) -> PortResult<StatusView> {
     if let Some(order) = ledger.order_of(plan.activity, user).await? {
-        return Ok(match order.status {
+        let state = match order.status {
             OrderStatus::Created => OrderState::Created,
             OrderStatus::Paid => OrderState::Paid,
             OrderStatus::Cancelled => OrderState::Cancelled,
             OrderStatus::Failed => OrderState::Failed,
+        };
+        return Ok(StatusView {
+            state,
+            reservation: Some(order.reservation.id),
         });
     }
-    Ok(if cache.holds(plan, user).await? {
+    let state = if cache.holds(plan, user).await? {
         OrderState::Queued
     } else {
         OrderState::None
+    };
+    Ok(StatusView {
+        state,
+        reservation: None,
     })
 }

@@ -70,6 +70,13 @@ impl Rig {
         order_status(&self.cache, &self.ledger, &self.plan, u)
             .await
             .unwrap()
+            .state
+    }
+
+    pub async fn status_view(&self, u: UserId) -> seckill_engine::service::StatusView {
+        order_status(&self.cache, &self.ledger, &self.plan, u)
+            .await
+            .unwrap()
     }
 
     /// Redis stock per bucket.
@@ -108,6 +115,7 @@ async fn queued_becomes_created_then_paid() {
     assert_eq!(rig.buy(u).await, PurchaseOutcome::Duplicate);
     rig.drain().await;
     assert_eq!(rig.status(u).await, OrderState::Created);
+    assert_eq!(rig.status_view(u).await.reservation, Some(r.id));
     assert_eq!(rig.ledger.pay(r.id).await.unwrap(), PayOutcome::Paid);
     assert_eq!(rig.status(u).await, OrderState::Paid);
     assert_eq!(rig.violations(true).await, Vec::<String>::new());

@@ -6,4 +6,5 @@
 #[cfg(not(madsim))]
 compile_error!("simulation tests need `--cfg madsim`: run `cargo sim` with RUSTFLAGS unset");
 
+mod scenarios;
 mod smoke;

@@ -69,7 +69,7 @@ pub struct DeadLetter {
 }
 
 /// FNV-1a of the key: stable across processes, so a key's partition never moves.
-fn partition_of(key: &str, partitions: usize) -> usize {
+pub fn partition_of(key: &str, partitions: usize) -> usize {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in key.bytes() {
         h ^= b as u64;

@@ -47,14 +47,20 @@ impl LedgerState {
         if self.orders.contains_key(&r.id) {
             return ApplyOutcome::Redelivered;
         }
-        if let Some(existing) = self.by_user.get(&(r.activity, r.user)) {
-            return ApplyOutcome::DuplicateBuyer { existing: *existing };
+        let existing = self.by_user.get(&(r.activity, r.user)).copied();
+        #[cfg(madsim)]
+        let existing = existing.filter(|_| !crate::planted::on(crate::planted::Bug::NoBuyerUniqueKey));
+        if let Some(existing) = existing {
+            return ApplyOutcome::DuplicateBuyer { existing };
         }
         let Some((_, remaining)) = self.buckets.get_mut(&(r.activity, r.bucket)) else {
             return ApplyOutcome::UnknownBucket;
         };
         let qty = r.qty as i64;
-        let (status, outcome) = if *remaining >= qty {
+        let guard = *remaining >= qty;
+        #[cfg(madsim)]
+        let guard = guard || crate::planted::on(crate::planted::Bug::NoStockGuard);
+        let (status, outcome) = if guard {
             *remaining -= qty;
             self.journal.entry(r.activity).or_default().push(JournalEntry {
                 bucket: r.bucket,
@@ -134,9 +140,10 @@ impl Ledger for EmbeddedLedger {
                 })
                 .collect(),
             orders: st
-                .by_user
-                .range((activity, UserId(0))..=(activity, UserId(u64::MAX)))
-                .filter_map(|(_, id)| st.orders.get(id).cloned())
+                .orders
+                .values()
+                .filter(|o| o.reservation.activity == activity)
+                .cloned()
                 .collect(),
             journal: st.journal.get(&activity).cloned().unwrap_or_default(),
         })

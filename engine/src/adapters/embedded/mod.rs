@@ -5,7 +5,7 @@ mod bus;
 mod ledger;
 mod redis_model;
 
-pub use bus::{DeadLetter, EmbeddedBus, EmbeddedConsumer};
+pub use bus::{partition_of, DeadLetter, EmbeddedBus, EmbeddedConsumer};
 pub use ledger::EmbeddedLedger;
 pub use redis_model::{exec, Keyspace, RedisModel, Value};
 
@@ -22,6 +22,11 @@ pub struct EmbeddedRedis {
 impl EmbeddedRedis {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A connection to an existing model (the simulation's Redis node shares its store).
+    pub fn from_model(model: Arc<RedisModel>) -> Self {
+        EmbeddedRedis { model }
     }
 
     pub fn model(&self) -> &RedisModel {

@@ -183,6 +183,15 @@ impl RedisModel {
         ks.clone()
     }
 
+    /// A restart that reloads `keyspace` (an AOF/RDB image): data as saved, script cache empty.
+    pub fn restore(&self, keyspace: Keyspace) {
+        let mut st = self.lock();
+        st.scripts.clear();
+        *st.lua
+            .app_data_mut::<Keyspace>()
+            .expect("keyspace installed at creation") = keyspace;
+    }
+
     /// A restart without persistence: data and script cache are gone.
     pub fn flush_all(&self) {
         let mut st = self.lock();

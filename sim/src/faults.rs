@@ -1,0 +1,121 @@
+//! The fault knobs the nemesis turns, the counters of what fired, and the event trace.
+//!
+//! Knobs are read by the simulated nodes on every request; every draw comes from madsim's seeded
+//! RNG, so a seed fires the same faults at the same points. Shared state sits behind std
+//! mutexes: the simulation runs on one thread and nothing awaits while one is held.
+
+use madsim::rand::{thread_rng, Rng};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Probabilities (0..1) and delays the nodes apply. All zero = a healthy world.
+#[derive(Debug, Clone, Default)]
+pub struct Knobs {
+    /// Kafka: the record is acknowledged but lost (leader loss with acks=1).
+    pub mq_lose_after_ack: f64,
+    /// Kafka: the record is stored twice (a producer retry after a lost ack).
+    pub mq_duplicate: f64,
+    /// Kafka: the append is delayed by up to this much.
+    pub mq_delay: Duration,
+    /// Kafka: the broker refuses the record (determinate: not stored).
+    pub mq_refuse: f64,
+    /// Kafka: the record is stored but the ack never arrives (indeterminate).
+    pub mq_ack_lost: f64,
+    /// Redis: extra latency before each command, up to this much.
+    pub redis_latency: Duration,
+    /// Redis: a script blocks the server for this long (every command queues behind it).
+    pub redis_slow_script: f64,
+    /// MySQL: the transaction fails with a lock-wait timeout (determinate: rolled back).
+    pub ledger_lock_wait: f64,
+    /// MySQL: the commit happens but the client sees an error (indeterminate).
+    pub ledger_commit_unknown: f64,
+    /// MySQL: the connection drops before the statement runs (the client times out).
+    pub ledger_conn_loss: f64,
+}
+
+pub fn chance(p: f64) -> bool {
+    p > 0.0 && thread_rng().gen_bool(p.min(1.0))
+}
+
+/// Sleep a random time up to `d`; no sleep at all for zero (a zero sleep still costs a timer
+/// tick in madsim, which would serialize a node's requests).
+pub async fn delay_up_to(d: Duration) {
+    if d.is_zero() {
+        return;
+    }
+    tokio::time::sleep(Duration::from_micros(
+        thread_rng().gen_range(0..=d.as_micros() as u64),
+    ))
+    .await;
+}
+
+/// Everything the nemesis and the nodes share: knobs, counters, trace.
+pub struct Faults {
+    started: madsim::time::Instant,
+    knobs: Mutex<Knobs>,
+    fired: Mutex<BTreeMap<String, u64>>,
+    trace: Mutex<VecDeque<String>>,
+}
+
+/// Events kept for a failure report.
+const TRACE_LEN: usize = 50;
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Faults {
+    /// Must be created inside the simulation: trace times count from here.
+    pub fn new() -> Faults {
+        Faults {
+            started: madsim::time::Instant::now(),
+            knobs: Mutex::default(),
+            fired: Mutex::default(),
+            trace: Mutex::default(),
+        }
+    }
+
+    /// Simulated time since the world was created.
+    pub fn elapsed(&self) -> Duration {
+        madsim::time::Instant::now() - self.started
+    }
+
+    pub fn knobs(&self) -> Knobs {
+        self.knobs.lock().expect("knobs").clone()
+    }
+
+    pub fn set(&self, f: impl FnOnce(&mut Knobs)) {
+        f(&mut self.knobs.lock().expect("knobs"));
+    }
+
+    /// Count a fault that actually fired, and trace it.
+    pub fn fired(&self, name: &str) {
+        *self
+            .fired
+            .lock()
+            .expect("fired")
+            .entry(name.to_string())
+            .or_insert(0) += 1;
+        self.event(format!("fault {name}"));
+    }
+
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        self.fired.lock().expect("fired").clone()
+    }
+
+    pub fn event(&self, what: String) {
+        let at = self.elapsed().as_secs_f64();
+        let mut t = self.trace.lock().expect("trace");
+        if t.len() == TRACE_LEN {
+            t.pop_front();
+        }
+        t.push_back(format!("{at:>8.3}s {what}"));
+    }
+
+    pub fn trace(&self) -> Vec<String> {
+        self.trace.lock().expect("trace").iter().cloned().collect()
+    }
+}

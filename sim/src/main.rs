@@ -1,0 +1,384 @@
+//! `seckill-sim`: run simulated seeds, one (`run`) or many (`sweep`), and fold sweep results
+//! into the soak's summary lines (`summarize`). Built with `--cfg madsim` by `cargo sim-run`
+//! (see .cargo/config.toml) and by `ci/soak.sh`.
+//!
+//! Exit codes: 0 every invariant held; 1 a safety invariant broke; 2 a liveness/reconciliation
+//! invariant broke; 3 the world crashed (a panic or the simulated time limit).
+
+#[cfg(not(madsim))]
+fn main() {
+    eprintln!("seckill-sim must be built with --cfg madsim: use `cargo sim-run` or ci/soak.sh");
+    std::process::exit(2);
+}
+
+#[cfg(madsim)]
+fn main() -> std::process::ExitCode {
+    app::main()
+}
+
+#[cfg(madsim)]
+mod app {
+    use clap::{Parser, Subcommand};
+    use seckill_engine::planted::Bug;
+    use seckill_sim::world::{self, RunReport, Scenario, SimConfig, Verdict};
+    use serde::Deserialize;
+    use std::collections::BTreeMap;
+    use std::io::BufRead;
+    use std::process::ExitCode;
+    use std::time::Instant;
+
+    #[derive(Parser)]
+    #[command(
+        name = "seckill-sim",
+        about = "Deterministic simulation runs of the seckill engine"
+    )]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Args, Clone)]
+    struct Shape {
+        /// Use the standard sizes (10,000 users, 1,000 units); otherwise the small sweep sizes.
+        #[arg(long)]
+        standard: bool,
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        users: Option<u64>,
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        stock: Option<u64>,
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        buckets: Option<u32>,
+        #[arg(long = "sale-ms", value_parser = clap::value_parser!(u64).range(10..=600_000))]
+        sale_ms: Option<u64>,
+    }
+
+    #[derive(Subcommand)]
+    enum Command {
+        /// Run one seed and print its report (the replay command of a failure).
+        Run {
+            #[arg(long)]
+            seed: u64,
+            #[arg(long, value_enum, default_value = "chaos")]
+            scenario: Scenario,
+            /// Plant one named bug (see `--planted list`).
+            #[arg(long, value_parser = parse_bug)]
+            planted: Option<Bug>,
+            #[command(flatten)]
+            shape: Shape,
+            /// Print the report as one JSON object.
+            #[arg(long)]
+            json: bool,
+        },
+        /// Run seeds `from..from+seeds`, one JSON line each (for ci/soak.sh).
+        Sweep {
+            #[arg(long, default_value_t = 0)]
+            from: u64,
+            #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+            seeds: u64,
+            /// A scenario, or every scenario in turn (`all`, the default).
+            #[arg(long, default_value = "all", value_parser = parse_scenarios)]
+            scenario: Scenarios,
+            /// With a planted bug: its own scenario, stopping at the first seed that catches it.
+            #[arg(long, value_parser = parse_bug)]
+            planted: Option<Bug>,
+            #[command(flatten)]
+            shape: Shape,
+            /// Write the full report of every failing seed here.
+            #[arg(long = "failures-dir")]
+            failures_dir: Option<std::path::PathBuf>,
+        },
+        /// Print the names of the planted bugs, one per line.
+        Bugs,
+        /// Read sweep lines on stdin; print the summary lines.
+        Summarize {
+            /// The sweeps were planted-bug hunts: report catches instead of failures.
+            #[arg(long)]
+            planted: bool,
+        },
+    }
+
+    #[derive(Clone)]
+    struct Scenarios(Vec<Scenario>);
+
+    fn parse_scenarios(s: &str) -> Result<Scenarios, String> {
+        if s == "all" {
+            return Ok(Scenarios(vec![
+                Scenario::Calm,
+                Scenario::ConsumerFaults,
+                Scenario::ProducerFaults,
+                Scenario::RedisLoss,
+                Scenario::Chaos,
+            ]));
+        }
+        <Scenario as clap::ValueEnum>::from_str(s, false).map(|sc| Scenarios(vec![sc]))
+    }
+
+    fn parse_bug(s: &str) -> Result<Bug, String> {
+        Bug::parse(s).ok_or_else(|| {
+            let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+            format!("unknown bug {s:?}; planted bugs: {}", names.join(", "))
+        })
+    }
+
+    fn config(seed: u64, scenario: Scenario, planted: Option<Bug>, shape: &Shape) -> SimConfig {
+        let base = if shape.standard {
+            SimConfig::standard(seed, scenario)
+        } else {
+            SimConfig::small(seed, scenario)
+        };
+        SimConfig {
+            planted,
+            users: shape.users.unwrap_or(base.users),
+            stock: shape.stock.unwrap_or(base.stock),
+            buckets: shape.buckets.unwrap_or(base.buckets),
+            sale_ms: shape.sale_ms.unwrap_or(base.sale_ms),
+            ..base
+        }
+    }
+
+    /// One seed: its report (None if the world crashed) and the wall time it took.
+    fn run_one(cfg: &SimConfig) -> (Option<RunReport>, f64) {
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(|| world::run(cfg));
+        (result.ok(), started.elapsed().as_secs_f64() * 1e3)
+    }
+
+    fn code(verdict: Option<Verdict>) -> u8 {
+        match verdict {
+            Some(Verdict::Ok) => 0,
+            Some(Verdict::Safety) => 1,
+            Some(Verdict::Liveness) => 2,
+            None => 3,
+        }
+    }
+
+    fn human(cfg: &SimConfig, report: Option<&RunReport>, wall_ms: f64) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(out, "seed {} scenario {:?}", cfg.seed, cfg.scenario);
+        let _ = writeln!(out, "config {}", serde_json::to_string(cfg).expect("plain data"));
+        let Some(r) = report else {
+            let _ = writeln!(out, "CRASH: the world panicked or hit the time limit");
+            let _ = writeln!(out, "replay: {}", cfg.replay_command());
+            return out;
+        };
+        let _ = writeln!(
+            out,
+            "checks {}",
+            serde_json::to_string(&r.checks).expect("plain data")
+        );
+        let faults: Vec<String> = r.faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "faults {}", faults.join(" "));
+        let outcomes: Vec<String> = r.outcomes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "requests {}", outcomes.join(" "));
+        let _ = writeln!(
+            out,
+            "queued {} units sold {} of {}",
+            r.queued, r.units_sold, cfg.stock
+        );
+        let _ = writeln!(
+            out,
+            "simulated {} ms in {:.0} ms wall ({:.0}x)",
+            r.sim_ms,
+            wall_ms,
+            r.sim_ms as f64 / wall_ms.max(1e-3)
+        );
+        if r.verdict == Verdict::Ok {
+            let _ = writeln!(out, "verdict: ok");
+        } else {
+            let _ = writeln!(
+                out,
+                "verdict: {:?} at {} ms",
+                r.verdict,
+                r.violated_at_ms.unwrap_or(0)
+            );
+            for v in &r.violations {
+                let _ = writeln!(out, "violated: {v}");
+            }
+            let _ = writeln!(out, "last events:");
+            for e in &r.trace {
+                let _ = writeln!(out, "  {e}");
+            }
+            let _ = writeln!(out, "replay: {}", cfg.replay_command());
+        }
+        out
+    }
+
+    fn line(cfg: &SimConfig, report: Option<&RunReport>, wall_ms: f64) -> serde_json::Value {
+        serde_json::json!({
+            "seed": cfg.seed,
+            "scenario": cfg.scenario,
+            "planted": cfg.planted.map(|b| b.name()),
+            "verdict": report.map_or("crash", |r| match r.verdict {
+                Verdict::Ok => "ok",
+                Verdict::Safety => "safety",
+                Verdict::Liveness => "liveness",
+            }),
+            "faults": report.map(|r| r.faults.clone()).unwrap_or_default(),
+            "sim_ms": report.map_or(0, |r| r.sim_ms),
+            "wall_ms": wall_ms,
+            "violations": report.map(|r| r.violations.clone()).unwrap_or_default(),
+            "replay": cfg.replay_command(),
+        })
+    }
+
+    pub fn main() -> ExitCode {
+        // A crash is reported by exit code and replay command, not by a panic backtrace per seed.
+        std::panic::set_hook(Box::new(|info| eprintln!("world crashed: {info}")));
+        match Cli::parse().command {
+            Command::Run {
+                seed,
+                scenario,
+                planted,
+                shape,
+                json,
+            } => {
+                let cfg = config(seed, scenario, planted, &shape);
+                if !json {
+                    println!(
+                        "seed {seed} scenario {scenario:?} planted {:?}",
+                        planted.map(|b| b.name())
+                    );
+                }
+                let (report, wall_ms) = run_one(&cfg);
+                if json {
+                    println!("{}", serde_json::to_string(&report).expect("plain data"));
+                } else {
+                    print!("{}", human(&cfg, report.as_ref(), wall_ms));
+                }
+                ExitCode::from(code(report.map(|r| r.verdict)))
+            }
+            Command::Sweep {
+                from,
+                seeds,
+                scenario,
+                planted,
+                shape,
+                failures_dir,
+            } => {
+                let scenarios = match planted {
+                    Some(bug) => vec![Scenario::for_bug(bug)],
+                    None => scenario.0,
+                };
+                let mut worst = 0;
+                for seed in from..from + seeds {
+                    for &sc in &scenarios {
+                        let cfg = config(seed, sc, planted, &shape);
+                        let (report, wall_ms) = run_one(&cfg);
+                        println!("{}", line(&cfg, report.as_ref(), wall_ms));
+                        let c = code(report.as_ref().map(|r| r.verdict));
+                        if c != 0 {
+                            if let Some(dir) = &failures_dir {
+                                let _ = std::fs::create_dir_all(dir);
+                                let name = format!(
+                                    "{:?}-{seed}{}.log",
+                                    sc,
+                                    planted.map_or(String::new(), |b| format!("-{}", b.name()))
+                                );
+                                let _ = std::fs::write(dir.join(name), human(&cfg, report.as_ref(), wall_ms));
+                            }
+                            if planted.is_some() {
+                                return ExitCode::SUCCESS; // caught: the hunt for this bug is over
+                            }
+                            worst = worst.max(c);
+                        }
+                    }
+                }
+                ExitCode::from(worst)
+            }
+            Command::Bugs => {
+                for b in Bug::ALL {
+                    println!("{}", b.name());
+                }
+                ExitCode::SUCCESS
+            }
+            Command::Summarize { planted } => summarize(planted),
+        }
+    }
+
+    #[derive(Deserialize)]
+    struct Line {
+        seed: u64,
+        planted: Option<String>,
+        verdict: String,
+        #[serde(default)]
+        faults: BTreeMap<String, u64>,
+        sim_ms: u64,
+        wall_ms: f64,
+        #[serde(default)]
+        replay: String,
+    }
+
+    fn summarize(planted: bool) -> ExitCode {
+        let mut lines = Vec::new();
+        for l in std::io::stdin().lock().lines() {
+            let Ok(l) = l else { break };
+            match serde_json::from_str::<Line>(&l) {
+                Ok(parsed) => lines.push(parsed),
+                Err(e) => eprintln!("skipping a line that is not a sweep result ({e}): {l}"),
+            }
+        }
+        let failed: Vec<&Line> = lines.iter().filter(|l| l.verdict != "ok").collect();
+        let mut faults: BTreeMap<&str, u64> = BTreeMap::new();
+        for l in &lines {
+            for (k, v) in &l.faults {
+                *faults.entry(k).or_insert(0) += v;
+            }
+        }
+        let sim: u64 = lines.iter().map(|l| l.sim_ms).sum();
+        let wall: f64 = lines.iter().map(|l| l.wall_ms).sum();
+        if planted {
+            // Per bug: the number of seeds it took to catch it (its sweep stops at the catch).
+            let mut per_bug: BTreeMap<&str, (u64, bool)> = BTreeMap::new();
+            for l in &lines {
+                let e = per_bug
+                    .entry(l.planted.as_deref().unwrap_or("none"))
+                    .or_insert((0, false));
+                e.0 += 1;
+                e.1 |= l.verdict != "ok";
+            }
+            let caught: Vec<u64> = per_bug.values().filter(|(_, c)| *c).map(|(n, _)| *n).collect();
+            let mut sorted = caught.clone();
+            sorted.sort_unstable();
+            let median = sorted
+                .get(sorted.len().saturating_sub(1) / 2)
+                .copied()
+                .unwrap_or(0);
+            for (bug, (n, c)) in &per_bug {
+                println!(
+                    "  {bug}: {} after {n} seed(s)",
+                    if *c { "caught" } else { "NOT caught" }
+                );
+            }
+            println!(
+                "planted: caught {}/{} (seeds-to-catch max {} median {})",
+                caught.len(),
+                Bug::ALL.len(),
+                sorted.last().copied().unwrap_or(0),
+                median
+            );
+            return if caught.len() == Bug::ALL.len() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            };
+        }
+        for l in &failed {
+            println!("FAILED seed {} ({}): {}", l.seed, l.verdict, l.replay);
+        }
+        println!(
+            "seeds: {} passed: {} failed: {}",
+            lines.len(),
+            lines.len() - failed.len(),
+            failed.len()
+        );
+        let f: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("faults: {}", f.join(" "));
+        println!("time-compression: {:.0}x", sim as f64 / wall.max(1e-3));
+        if failed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
+    }
+}

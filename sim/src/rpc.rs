@@ -1,0 +1,155 @@
+//! The messages between simulated nodes. Every store is reached only over madsim's network, so
+//! partitions, packet loss and latency apply to it; a call that times out is `Indeterminate`.
+
+use madsim::net::rpc::Request;
+use madsim::net::Endpoint;
+use seckill_engine::adapters::script::Reply;
+use seckill_engine::domain::{ActivityId, ActivitySpec, Reservation, ReservationId, UserId};
+use seckill_engine::ports::{ApplyOutcome, Delivery, LedgerView, OrderRow, PayOutcome, PortError};
+use seckill_engine::service::{PurchaseOutcome, StatusView};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::net::SocketAddr;
+
+pub const REDIS: &str = "10.0.0.10:6379";
+pub const MYSQL: &str = "10.0.0.20:3306";
+pub const KAFKA: &str = "10.0.0.30:9092";
+
+pub fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("fixed simulation addresses parse")
+}
+
+pub fn engine_addr(i: usize) -> SocketAddr {
+    format!("10.0.1.{}:8080", i + 1).parse().expect("engine address")
+}
+
+/// Receive loops per request type on a server. madsim's RPC loop takes one message per simulated
+/// millisecond (every receive sleeps at least 1 ms), so one loop would cap a store at 1,000
+/// requests/s — a bottleneck no real Redis has, turning a burst into timeouts.
+const RPC_LOOPS: usize = 64;
+
+/// Serve requests of type `R` with `handler`, on `RPC_LOOPS` receive loops.
+pub fn serve<R, F, Fut>(ep: &Endpoint, handler: F)
+where
+    R: Request,
+    F: FnMut(R) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = R::Response> + Send + 'static,
+{
+    for _ in 0..RPC_LOOPS {
+        ep.add_rpc_handler(handler.clone());
+    }
+}
+
+macro_rules! request {
+    ($name:ident => $resp:ty, $id:expr) => {
+        impl Request for $name {
+            const ID: u64 = $id;
+            type Response = $resp;
+        }
+    };
+}
+
+// Redis
+#[derive(Serialize, Deserialize)]
+pub struct EvalSha {
+    pub sha: String,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+request!(EvalSha => Reply, 0x5e01);
+
+#[derive(Serialize, Deserialize)]
+pub struct ScriptLoad {
+    pub source: String,
+}
+request!(ScriptLoad => Reply, 0x5e02);
+
+// Ledger
+#[derive(Serialize, Deserialize)]
+pub struct Install {
+    pub spec: ActivitySpec,
+}
+request!(Install => Result<bool, PortError>, 0x5e11);
+
+#[derive(Serialize, Deserialize)]
+pub struct Apply {
+    pub batch: Vec<Reservation>,
+}
+request!(Apply => Result<Vec<ApplyOutcome>, PortError>, 0x5e12);
+
+#[derive(Serialize, Deserialize)]
+pub struct Pay {
+    pub id: ReservationId,
+}
+request!(Pay => Result<PayOutcome, PortError>, 0x5e13);
+
+#[derive(Serialize, Deserialize)]
+pub struct OrderOf {
+    pub activity: ActivityId,
+    pub user: UserId,
+}
+request!(OrderOf => Result<Option<OrderRow>, PortError>, 0x5e14);
+
+#[derive(Serialize, Deserialize)]
+pub struct Snapshot {
+    pub activity: ActivityId,
+}
+request!(Snapshot => Result<LedgerView, PortError>, 0x5e15);
+
+// Kafka
+#[derive(Serialize, Deserialize)]
+pub struct Produce {
+    pub key: String,
+    pub payload: Vec<u8>,
+}
+// `Err`: the broker refused it (certainly not stored).
+request!(Produce => Result<u64, String>, 0x5e21);
+
+#[derive(Serialize, Deserialize)]
+pub struct Fetch {
+    pub partition: u32,
+    pub offset: u64,
+    pub max: usize,
+}
+request!(Fetch => Vec<Delivery>, 0x5e22);
+
+#[derive(Serialize, Deserialize)]
+pub struct Commit {
+    pub group: String,
+    pub partition: u32,
+    pub offset: u64,
+}
+request!(Commit => (), 0x5e23);
+
+#[derive(Serialize, Deserialize)]
+pub struct Committed {
+    pub group: String,
+    pub partition: u32,
+}
+request!(Committed => u64, 0x5e24);
+
+#[derive(Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub delivery: Delivery,
+    pub reason: String,
+}
+request!(DeadLetter => (), 0x5e25);
+
+// Engine (what clients call)
+#[derive(Serialize, Deserialize)]
+pub struct Purchase {
+    pub user: UserId,
+}
+request!(Purchase => Result<PurchaseOutcome, String>, 0x5e31);
+
+#[derive(Serialize, Deserialize)]
+pub struct Status {
+    pub user: UserId,
+}
+request!(Status => Result<StatusView, String>, 0x5e32);
+
+#[derive(Serialize, Deserialize)]
+pub struct PayOrder {
+    pub id: ReservationId,
+}
+request!(PayOrder => Result<PayOutcome, String>, 0x5e33);

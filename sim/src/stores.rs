@@ -1,0 +1,552 @@
+//! The simulated stores — Redis, MySQL, Kafka — each a node serving RPCs over madsim's network,
+//! and the port implementations engines and consumers use to reach them.
+//!
+//! State lives outside the node (in `Arc`s the world keeps), so a node restart decides what
+//! survives: Redis loses everything (volatile) or comes back from its last AOF image; the ledger
+//! and the Kafka log are durable. A store's faults are drawn per request from the world's knobs.
+
+use crate::faults::{chance, delay_up_to, Faults};
+use crate::rpc::{self, addr};
+use madsim::net::Endpoint;
+use seckill_engine::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
+use seckill_engine::adapters::script::{Reply, ScriptConn};
+use seckill_engine::domain::{Activity, ActivityId, Reservation, ReservationId, StockPlan, UserId};
+use seckill_engine::ports::{
+    ApplyOutcome, Delivery, Ledger, LedgerView, OrderBus, OrderRow, OrderSource, PayOutcome, PortError,
+    PortResult,
+};
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Engine → Redis: short, like a production client's command timeout.
+pub const REDIS_TIMEOUT: Duration = Duration::from_millis(200);
+/// Engine/consumer → Kafka and → MySQL.
+pub const STORE_TIMEOUT: Duration = Duration::from_millis(300);
+/// How long an empty fetch waits before the consumer polls again.
+const POLL_WAIT: Duration = Duration::from_millis(20);
+
+fn lost(op: &'static str, e: io::Error) -> PortError {
+    PortError::indeterminate(op, format!("no reply: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// A restart loses everything.
+    Volatile,
+    /// A restart reloads the image saved at the last fsync, `window` apart.
+    Aof { window: Duration },
+}
+
+pub struct RedisStore {
+    pub model: Arc<RedisModel>,
+    /// What the next restart keeps (the nemesis picks it per restart).
+    restart_mode: Mutex<Persistence>,
+    /// The image an AOF restart reloads, refreshed every window.
+    aof: Mutex<Keyspace>,
+    aof_window: Duration,
+    starts: AtomicU64,
+}
+
+impl RedisStore {
+    pub fn new(persistence: Persistence) -> Self {
+        let aof_window = match persistence {
+            Persistence::Aof { window } => window,
+            Persistence::Volatile => Duration::from_secs(1),
+        };
+        RedisStore {
+            model: Arc::new(RedisModel::new()),
+            restart_mode: Mutex::new(persistence),
+            aof: Mutex::new(Keyspace::new()),
+            aof_window,
+            starts: AtomicU64::new(0),
+        }
+    }
+
+    pub fn set_restart_mode(&self, mode: Persistence) {
+        *self.restart_mode.lock().expect("mode") = mode;
+    }
+}
+
+/// The Redis node's main: runs on every (re)start of the node.
+pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
+    if store.starts.fetch_add(1, Ordering::SeqCst) > 0 {
+        let mode = *store.restart_mode.lock().expect("mode");
+        match mode {
+            Persistence::Volatile => store.model.flush_all(),
+            Persistence::Aof { .. } => store.model.restore(store.aof.lock().expect("aof").clone()),
+        }
+    }
+    let ep = Endpoint::bind(addr(rpc::REDIS)).await.expect("bind redis");
+    // Redis executes one command at a time: a slow script blocks everyone behind it.
+    let main_thread = Arc::new(tokio::sync::Mutex::new(()));
+    let (m, f, t) = (store.model.clone(), faults.clone(), main_thread.clone());
+    rpc::serve(&ep, move |req: rpc::EvalSha| {
+        let (m, f, t) = (m.clone(), f.clone(), t.clone());
+        async move {
+            let knobs = f.knobs();
+            delay_up_to(knobs.redis_latency).await;
+            let _turn = t.lock().await;
+            if chance(knobs.redis_slow_script) {
+                f.fired("redis_slow_script");
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            m.eval_sha(&req.sha, &req.keys, &req.args)
+        }
+    });
+    let m = store.model.clone();
+    rpc::serve(&ep, move |req: rpc::ScriptLoad| {
+        let m = m.clone();
+        async move { m.script_load(&req.source) }
+    });
+    // The AOF fsync: what a restart in AOF mode comes back with.
+    loop {
+        *store.aof.lock().expect("aof") = store.model.dump();
+        tokio::time::sleep(store.aof_window).await;
+    }
+}
+
+/// `ScriptConn` over the network to the Redis node.
+#[derive(Clone)]
+pub struct SimRedis {
+    ep: Arc<Endpoint>,
+}
+
+impl SimRedis {
+    pub fn new(ep: Arc<Endpoint>) -> Self {
+        SimRedis { ep }
+    }
+}
+
+impl ScriptConn for SimRedis {
+    async fn eval_sha(&self, sha: &str, keys: &[String], args: &[String]) -> PortResult<Reply> {
+        let req = rpc::EvalSha {
+            sha: sha.to_string(),
+            keys: keys.to_vec(),
+            args: args.to_vec(),
+        };
+        self.ep
+            .call_timeout(addr(rpc::REDIS), req, REDIS_TIMEOUT)
+            .await
+            .map_err(|e| lost("redis", e))
+    }
+
+    async fn script_load(&self, source: &str) -> PortResult<()> {
+        let req = rpc::ScriptLoad {
+            source: source.to_string(),
+        };
+        match self.ep.call_timeout(addr(rpc::REDIS), req, REDIS_TIMEOUT).await {
+            Ok(Reply::Error(e)) => Err(PortError::determinate("script load", e)),
+            Ok(_) => Ok(()),
+            Err(e) => Err(lost("script load", e)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MySQL
+
+/// The ledger node's main. The ledger itself is durable: it lives in the world, not the node.
+pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
+    let ep = Endpoint::bind(addr(rpc::MYSQL)).await.expect("bind mysql");
+    let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::Install| {
+        let l = l.clone();
+        async move {
+            let activity =
+                Activity::new(req.spec).map_err(|e| PortError::determinate("install", e.to_string()))?;
+            l.install(&activity, &StockPlan::new(&activity)).await
+        }
+    });
+    let (l, f) = (ledger.clone(), faults.clone());
+    rpc::serve(&ep, move |req: rpc::Apply| {
+        let (l, f) = (l.clone(), f.clone());
+        async move {
+            let knobs = f.knobs();
+            if chance(knobs.ledger_conn_loss) {
+                f.fired("ledger_conn_loss");
+                tokio::time::sleep(Duration::from_secs(30)).await; // the client gives up first
+                return Err(PortError::indeterminate("apply", "connection lost"));
+            }
+            if chance(knobs.ledger_lock_wait) {
+                f.fired("ledger_lock_wait_timeout");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Err(PortError::determinate(
+                    "apply",
+                    "Lock wait timeout exceeded; try restarting transaction",
+                ));
+            }
+            let out = l.apply(&req.batch).await;
+            if chance(knobs.ledger_commit_unknown) {
+                f.fired("ledger_commit_unknown");
+                return Err(PortError::indeterminate("apply", "connection lost during COMMIT"));
+            }
+            out
+        }
+    });
+    let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::Pay| {
+        let l = l.clone();
+        async move { l.pay(req.id).await }
+    });
+    let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::OrderOf| {
+        let l = l.clone();
+        async move { l.order_of(req.activity, req.user).await }
+    });
+    let l = ledger;
+    rpc::serve(&ep, move |req: rpc::Snapshot| {
+        let l = l.clone();
+        async move { l.snapshot(req.activity).await }
+    });
+    std::future::pending::<()>().await;
+}
+
+/// `Ledger` over the network to the MySQL node.
+#[derive(Clone)]
+pub struct SimLedger {
+    ep: Arc<Endpoint>,
+}
+
+impl SimLedger {
+    pub fn new(ep: Arc<Endpoint>) -> Self {
+        SimLedger { ep }
+    }
+
+    async fn call<R: madsim::net::rpc::Request<Response = PortResult<T>>, T>(
+        &self,
+        op: &'static str,
+        req: R,
+    ) -> PortResult<T> {
+        self.ep
+            .call_timeout(addr(rpc::MYSQL), req, STORE_TIMEOUT)
+            .await
+            .map_err(|e| lost(op, e))?
+    }
+}
+
+impl Ledger for SimLedger {
+    async fn install(&self, activity: &Activity, _plan: &StockPlan) -> PortResult<bool> {
+        let spec = activity.spec().clone();
+        self.call("install", rpc::Install { spec }).await
+    }
+
+    async fn apply(&self, batch: &[Reservation]) -> PortResult<Vec<ApplyOutcome>> {
+        self.call(
+            "apply",
+            rpc::Apply {
+                batch: batch.to_vec(),
+            },
+        )
+        .await
+    }
+
+    async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
+        self.call("pay", rpc::Pay { id }).await
+    }
+
+    async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {
+        self.call("order of", rpc::OrderOf { activity, user }).await
+    }
+
+    async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
+        self.call("ledger snapshot", rpc::Snapshot { activity }).await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kafka
+
+/// The broker's durable state: partition logs (acknowledged records survive restarts, unless a
+/// fault lost them before they were stored), group offsets, the dead-letter topic.
+pub struct KafkaLog {
+    state: Mutex<KafkaState>,
+}
+
+struct KafkaState {
+    partitions: Vec<Vec<(String, Vec<u8>)>>,
+    committed: BTreeMap<(String, u32), u64>,
+    dead_letters: Vec<(Delivery, String)>,
+}
+
+impl KafkaLog {
+    pub fn new(partitions: u32) -> Self {
+        KafkaLog {
+            state: Mutex::new(KafkaState {
+                partitions: vec![Vec::new(); partitions as usize],
+                committed: BTreeMap::new(),
+                dead_letters: Vec::new(),
+            }),
+        }
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.state.lock().expect("kafka").partitions.len() as u32
+    }
+
+    /// Records not yet committed by `group`, over all partitions.
+    pub fn lag(&self, group: &str) -> u64 {
+        let st = self.state.lock().expect("kafka");
+        (0..st.partitions.len())
+            .map(|p| {
+                let end = st.partitions[p].len() as u64;
+                end - st
+                    .committed
+                    .get(&(group.to_string(), p as u32))
+                    .copied()
+                    .unwrap_or(0)
+                    .min(end)
+            })
+            .sum()
+    }
+
+    pub fn dead_letters(&self) -> usize {
+        self.state.lock().expect("kafka").dead_letters.len()
+    }
+
+    fn append(&self, key: &str, payload: &[u8]) -> u64 {
+        let mut st = self.state.lock().expect("kafka");
+        let p = partition_of(key, st.partitions.len());
+        st.partitions[p].push((key.to_string(), payload.to_vec()));
+        st.partitions[p].len() as u64 - 1
+    }
+}
+
+pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
+    let ep = Endpoint::bind(addr(rpc::KAFKA)).await.expect("bind kafka");
+    let (l, f) = (log.clone(), faults.clone());
+    rpc::serve(&ep, move |req: rpc::Produce| {
+        let (l, f) = (l.clone(), f.clone());
+        async move {
+            let knobs = f.knobs();
+            delay_up_to(knobs.mq_delay).await;
+            if chance(knobs.mq_refuse) {
+                f.fired("mq_refused");
+                return Err("NOT_ENOUGH_REPLICAS".to_string());
+            }
+            if chance(knobs.mq_lose_after_ack) {
+                f.fired("mq_lost_after_ack");
+                return Ok(0);
+            }
+            let offset = l.append(&req.key, &req.payload);
+            if chance(knobs.mq_duplicate) {
+                f.fired("mq_duplicate");
+                l.append(&req.key, &req.payload);
+            }
+            if chance(knobs.mq_ack_lost) {
+                f.fired("mq_ack_lost");
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            Ok(offset)
+        }
+    });
+    let l = log.clone();
+    rpc::serve(&ep, move |req: rpc::Fetch| {
+        let l = l.clone();
+        async move {
+            let st = l.state.lock().expect("kafka");
+            let Some(part) = st.partitions.get(req.partition as usize) else {
+                return Vec::new();
+            };
+            part.iter()
+                .enumerate()
+                .skip(req.offset as usize)
+                .take(req.max)
+                .map(|(offset, (key, payload))| Delivery {
+                    partition: req.partition,
+                    offset: offset as u64,
+                    key: key.clone(),
+                    payload: payload.clone(),
+                })
+                .collect()
+        }
+    });
+    let l = log.clone();
+    rpc::serve(&ep, move |req: rpc::Commit| {
+        let l = l.clone();
+        async move {
+            let mut st = l.state.lock().expect("kafka");
+            let c = st.committed.entry((req.group, req.partition)).or_insert(0);
+            *c = (*c).max(req.offset);
+        }
+    });
+    let l = log.clone();
+    rpc::serve(&ep, move |req: rpc::Committed| {
+        let l = l.clone();
+        async move {
+            let st = l.state.lock().expect("kafka");
+            st.committed
+                .get(&(req.group, req.partition))
+                .copied()
+                .unwrap_or(0)
+        }
+    });
+    let l = log;
+    rpc::serve(&ep, move |req: rpc::DeadLetter| {
+        let l = l.clone();
+        async move {
+            l.state
+                .lock()
+                .expect("kafka")
+                .dead_letters
+                .push((req.delivery, req.reason))
+        }
+    });
+    std::future::pending::<()>().await;
+}
+
+/// `OrderBus` over the network to the Kafka node. Group membership is static (Kafka's
+/// `group.instance.id`): member `i` of `k` owns partitions `p % k == i`, so a restarted consumer
+/// takes back its own partitions from the committed offsets.
+#[derive(Clone)]
+pub struct SimBus {
+    ep: Arc<Endpoint>,
+    partitions: u32,
+    member: (u32, u32),
+}
+
+impl SimBus {
+    pub fn new(ep: Arc<Endpoint>, partitions: u32) -> Self {
+        SimBus {
+            ep,
+            partitions,
+            member: (0, 1),
+        }
+    }
+
+    pub fn member(self, index: u32, of: u32) -> Self {
+        SimBus {
+            member: (index, of),
+            ..self
+        }
+    }
+
+    async fn produce(&self, key: &str, payload: &[u8]) -> PortResult<()> {
+        let req = rpc::Produce {
+            key: key.to_string(),
+            payload: payload.to_vec(),
+        };
+        match self.ep.call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(reason)) => Err(PortError::determinate("publish", reason)),
+            Err(e) => Err(lost("publish", e)),
+        }
+    }
+}
+
+impl OrderBus for SimBus {
+    type Source = SimSource;
+
+    async fn publish(&self, r: &Reservation) -> PortResult<()> {
+        self.produce(&r.bus_key(), &r.encode()).await
+    }
+
+    async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
+        self.produce(key, payload).await
+    }
+
+    async fn subscribe(&self, group: &str) -> PortResult<SimSource> {
+        let (i, k) = self.member;
+        Ok(SimSource {
+            ep: self.ep.clone(),
+            group: group.to_string(),
+            owned: (0..self.partitions).filter(|p| p % k == i).collect(),
+            positions: BTreeMap::new(),
+        })
+    }
+}
+
+pub struct SimSource {
+    ep: Arc<Endpoint>,
+    group: String,
+    owned: Vec<u32>,
+    /// Next offset per owned partition; empty after a rewind (re-read from committed).
+    positions: BTreeMap<u32, u64>,
+}
+
+impl OrderSource for SimSource {
+    async fn poll(&mut self, max: usize) -> PortResult<Vec<Delivery>> {
+        let kafka = addr(rpc::KAFKA);
+        let mut out = Vec::new();
+        for p in self.owned.clone() {
+            if out.len() >= max {
+                break;
+            }
+            let pos = match self.positions.get(&p) {
+                Some(pos) => *pos,
+                None => {
+                    let req = rpc::Committed {
+                        group: self.group.clone(),
+                        partition: p,
+                    };
+                    let c = self
+                        .ep
+                        .call_timeout(kafka, req, STORE_TIMEOUT)
+                        .await
+                        .map_err(|e| lost("poll", e))?;
+                    self.positions.insert(p, c);
+                    c
+                }
+            };
+            let req = rpc::Fetch {
+                partition: p,
+                offset: pos,
+                max: max - out.len(),
+            };
+            let got = self
+                .ep
+                .call_timeout(kafka, req, STORE_TIMEOUT)
+                .await
+                .map_err(|e| lost("poll", e))?;
+            if let Some(last) = got.last() {
+                self.positions.insert(p, last.offset + 1);
+            }
+            out.extend(got);
+        }
+        if out.is_empty() {
+            tokio::time::sleep(POLL_WAIT).await;
+        }
+        Ok(out)
+    }
+
+    async fn commit(&mut self, batch: &[Delivery]) -> PortResult<()> {
+        let mut upto: BTreeMap<u32, u64> = BTreeMap::new();
+        for d in batch {
+            let e = upto.entry(d.partition).or_insert(0);
+            *e = (*e).max(d.offset + 1);
+        }
+        for (partition, offset) in upto {
+            let req = rpc::Commit {
+                group: self.group.clone(),
+                partition,
+                offset,
+            };
+            self.ep
+                .call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT)
+                .await
+                .map_err(|e| lost("commit", e))?;
+        }
+        Ok(())
+    }
+
+    async fn dead_letter(&mut self, d: &Delivery, reason: &str) -> PortResult<()> {
+        let req = rpc::DeadLetter {
+            delivery: d.clone(),
+            reason: reason.to_string(),
+        };
+        self.ep
+            .call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT)
+            .await
+            .map_err(|e| lost("dead letter", e))
+    }
+
+    async fn rewind(&mut self) -> PortResult<()> {
+        self.positions.clear();
+        Ok(())
+    }
+}

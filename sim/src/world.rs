@@ -1,0 +1,790 @@
+//! One simulated run: the world (stores, engines, consumers, clients), the nemesis, the
+//! continuous checker, and the report.
+//!
+//! Phases: warmup → sale under faults → heal → settle → final checks. Safety (S1–S4) is checked
+//! every few simulated milliseconds during the sale and settle; R1 and liveness only at the end,
+//! and only in scenarios whose faults the engine can recover from without the reconciler (the
+//! report lists which checks were active). Everything random comes from madsim's seeded RNG, so
+//! a seed replays the run exactly.
+
+use crate::faults::Faults;
+use crate::nodes::{consumer_main, engine_main, EngineParams, GROUP};
+use crate::rpc::{self, engine_addr};
+use crate::stores::{serve_kafka, serve_ledger, serve_redis, KafkaLog, Persistence, RedisStore};
+use crate::SIM_EPOCH_MS;
+use madsim::net::{Endpoint, NetSim};
+use madsim::rand::{thread_rng, Rng};
+use madsim::runtime::{Handle, NodeHandle};
+use rand::SeedableRng;
+use seckill_engine::adapters::embedded::{EmbeddedLedger, EmbeddedRedis};
+use seckill_engine::adapters::script::ScriptedStockCache;
+use seckill_engine::demo::{self, DemoConfig};
+use seckill_engine::domain::{Activity, ActivityId, ActivitySpec, StockPlan, UserId};
+use seckill_engine::planted::{self, Bug};
+use seckill_engine::ports::{Ledger, PayOutcome, StockCache};
+use seckill_engine::service::{audit, OrderState, PurchaseOutcome};
+use seckill_invariants as inv;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const ACTIVITY: ActivityId = ActivityId(1);
+const PARTITIONS: u32 = 4;
+/// How often the checker looks during the sale and settle (simulated time).
+const CHECK_EVERY: Duration = Duration::from_millis(10);
+/// Settle gives up after this long (simulated): then the bus never drained.
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// No faults: the funnel under contention alone.
+    Calm,
+    /// Consumer crashes, ledger lock-wait timeouts / unknown commits / lost connections,
+    /// duplicated and delayed records.
+    ConsumerFaults,
+    /// Refused publishes, lost publish acks, delayed and duplicated records.
+    ProducerFaults,
+    /// Redis restarts that lose the last AOF window.
+    RedisLoss,
+    /// The whole catalog, including faults only the reconciler can heal.
+    Chaos,
+}
+
+/// Every fault type the nemesis knows (DESIGN §9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    ConsumerCrash,
+    LedgerLockWait,
+    LedgerCommitUnknown,
+    LedgerConnLoss,
+    MqDuplicate,
+    MqDelay,
+    MqRefuse,
+    MqAckLost,
+    MqLoseAfterAck,
+    BrokerDown,
+    RedisLatency,
+    RedisSlowScript,
+    RedisRestartVolatile,
+    RedisRestartAof,
+    RedisPartition,
+    MysqlUnavailable,
+    EngineCrash,
+    ClockSkew,
+    PacketLoss,
+}
+
+const CONSUMER_FAULTS: &[Fault] = &[
+    Fault::ConsumerCrash,
+    Fault::LedgerLockWait,
+    Fault::LedgerCommitUnknown,
+    Fault::LedgerConnLoss,
+    Fault::MqDuplicate,
+    Fault::MqDelay,
+];
+// Not Redis slowness: a reserve or settle that times out leaves a reservation only the
+// reconciler can close, so it belongs to Chaos.
+const PRODUCER_FAULTS: &[Fault] = &[
+    Fault::MqRefuse,
+    Fault::MqAckLost,
+    Fault::MqDelay,
+    Fault::MqDuplicate,
+];
+const ALL_FAULTS: &[Fault] = &[
+    Fault::ConsumerCrash,
+    Fault::LedgerLockWait,
+    Fault::LedgerCommitUnknown,
+    Fault::LedgerConnLoss,
+    Fault::MqDuplicate,
+    Fault::MqDelay,
+    Fault::MqRefuse,
+    Fault::MqAckLost,
+    Fault::MqLoseAfterAck,
+    Fault::BrokerDown,
+    Fault::RedisLatency,
+    Fault::RedisSlowScript,
+    Fault::RedisRestartVolatile,
+    Fault::RedisRestartAof,
+    Fault::RedisPartition,
+    Fault::MysqlUnavailable,
+    Fault::EngineCrash,
+    Fault::ClockSkew,
+    Fault::PacketLoss,
+];
+
+/// Which checks a scenario can hold the engine to without the reconciler and recovery jobs.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Checks {
+    /// R1 at quiescence.
+    pub r1: bool,
+    /// L1 at quiescence: every queued request resolved, nothing left open, the bus drained.
+    pub l1: bool,
+    /// S2 in Redis (one open reservation per user) continuously: only while Redis loses nothing.
+    pub s2_redis: bool,
+}
+
+impl Scenario {
+    fn faults(self) -> &'static [Fault] {
+        match self {
+            Scenario::Calm => &[],
+            Scenario::ConsumerFaults => CONSUMER_FAULTS,
+            Scenario::ProducerFaults => PRODUCER_FAULTS,
+            Scenario::RedisLoss => &[Fault::RedisRestartAof],
+            Scenario::Chaos => ALL_FAULTS,
+        }
+    }
+
+    pub fn checks(self) -> Checks {
+        let recoverable = matches!(
+            self,
+            Scenario::Calm | Scenario::ConsumerFaults | Scenario::ProducerFaults
+        );
+        Checks {
+            r1: recoverable,
+            l1: recoverable,
+            s2_redis: recoverable,
+        }
+    }
+
+    /// The scenario whose faults make a planted bug observable.
+    pub fn for_bug(bug: Bug) -> Scenario {
+        match bug {
+            Bug::NonAtomicReserve => Scenario::Calm,
+            Bug::AckBeforeCommit | Bug::RedeliveredAsDuplicate => Scenario::ConsumerFaults,
+            Bug::ReleaseToRoutedBucket
+            | Bug::FallbackWithoutPendingMark
+            | Bug::ReleaseOnIndeterminatePublish => Scenario::ProducerFaults,
+            Bug::NoBuyerUniqueKey | Bug::NoStockGuard => Scenario::RedisLoss,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SimConfig {
+    pub seed: u64,
+    pub scenario: Scenario,
+    pub planted: Option<Bug>,
+    pub users: u64,
+    pub stock: u64,
+    pub buckets: u32,
+    pub fallback_pct: u8,
+    pub clicks_per_user: u32,
+    pub skew: f64,
+    pub engines: usize,
+    pub consumers: usize,
+    pub clients: usize,
+    pub sale_ms: u64,
+}
+
+impl SimConfig {
+    /// The standard run: 10,000 users, 1,000 units (DESIGN §9, issue "Speed").
+    pub fn standard(seed: u64, scenario: Scenario) -> Self {
+        SimConfig {
+            seed,
+            scenario,
+            planted: None,
+            users: 10_000,
+            stock: 1_000,
+            buckets: 16,
+            fallback_pct: 10,
+            clicks_per_user: 3,
+            skew: 0.3,
+            engines: 2,
+            consumers: 2,
+            clients: 4,
+            sale_ms: 2_000,
+        }
+    }
+
+    /// A small run for quick seed sweeps in `cargo sim`.
+    pub fn small(seed: u64, scenario: Scenario) -> Self {
+        SimConfig {
+            users: 600,
+            stock: 120,
+            buckets: 6,
+            sale_ms: 800,
+            ..Self::standard(seed, scenario)
+        }
+    }
+
+    /// The command that replays this run exactly.
+    pub fn replay_command(&self) -> String {
+        let mut cmd = format!(
+            "cargo sim-run run --seed {} --scenario {} --users {} --stock {} --buckets {} --sale-ms {}",
+            self.seed,
+            serde_json::to_value(self.scenario)
+                .expect("plain enum")
+                .as_str()
+                .unwrap_or("calm"),
+            self.users,
+            self.stock,
+            self.buckets,
+            self.sale_ms
+        );
+        if let Some(b) = self.planted {
+            cmd += &format!(" --planted {}", b.name());
+        }
+        cmd
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Ok,
+    Safety,
+    Liveness,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub config: SimConfig,
+    pub checks: Checks,
+    pub verdict: Verdict,
+    pub violations: Vec<String>,
+    /// Simulated time of the first violation.
+    pub violated_at_ms: Option<u64>,
+    pub faults: BTreeMap<String, u64>,
+    pub outcomes: BTreeMap<String, u64>,
+    pub queued: u64,
+    pub units_sold: u64,
+    pub sim_ms: u64,
+    pub trace: Vec<String>,
+}
+
+/// What clients were told: the history S4 and L1 are checked against.
+#[derive(Default)]
+struct History {
+    queued: Vec<String>,
+    confirmed: Vec<String>,
+    outcomes: BTreeMap<String, u64>,
+}
+
+/// The god view: reads the stores' state directly (not over the network), as the checker must.
+struct GodView {
+    cache: ScriptedStockCache<EmbeddedRedis>,
+    ledger: EmbeddedLedger,
+    plan: StockPlan,
+}
+
+impl GodView {
+    async fn snapshot(&self) -> inv::Snapshot {
+        audit::snapshot(&self.cache, &self.ledger, &self.plan)
+            .await
+            .expect("in-process stores always answer")
+    }
+}
+
+struct Violated {
+    at: Duration,
+    violations: Vec<String>,
+    verdict: Verdict,
+}
+
+struct World {
+    cfg: SimConfig,
+    handle: Handle,
+    faults: Arc<Faults>,
+    redis: Arc<RedisStore>,
+    kafka: Arc<KafkaLog>,
+    god: GodView,
+    history: Arc<Mutex<History>>,
+    skews: Arc<Mutex<Vec<i64>>>,
+    redis_node: NodeHandle,
+    mysql_node: NodeHandle,
+    kafka_node: NodeHandle,
+    engines: Vec<NodeHandle>,
+    consumers: Vec<NodeHandle>,
+    violated: Mutex<Option<Violated>>,
+}
+
+fn ip(s: &str) -> std::net::IpAddr {
+    s.parse().expect("fixed simulation ips parse")
+}
+
+fn activity(cfg: &SimConfig) -> Activity {
+    Activity::new(ActivitySpec {
+        id: ACTIVITY,
+        total_stock: cfg.stock,
+        buckets: cfg.buckets,
+        fallback_pct: cfg.fallback_pct,
+        per_user_limit: 1,
+        // Opens shortly after the clients start, so skewed engine clocks disagree at the edge.
+        start_ms: SIM_EPOCH_MS + 100,
+        end_ms: SIM_EPOCH_MS + 3_600_000,
+        pay_timeout_ms: 900_000,
+    })
+    .expect("simulation activities are valid")
+}
+
+/// Run one seed in its own runtime. Panics (a crash of the world) propagate to the caller.
+pub fn run(cfg: &SimConfig) -> RunReport {
+    planted::plant(cfg.planted);
+    let mut rt = madsim::runtime::Runtime::with_seed_and_config(cfg.seed, madsim::Config::default());
+    rt.set_time_limit(Duration::from_secs(600));
+    let cfg = cfg.clone();
+    let report = rt.block_on(world(cfg));
+    planted::plant(None);
+    report
+}
+
+/// The world inside an existing simulation runtime.
+pub async fn world(cfg: SimConfig) -> RunReport {
+    let handle = Handle::current();
+    let faults = Arc::new(Faults::new());
+    let act = activity(&cfg);
+    let plan = StockPlan::new(&act);
+    let redis = Arc::new(RedisStore::new(Persistence::Aof {
+        window: Duration::from_millis(200),
+    }));
+    let ledger = EmbeddedLedger::new();
+    let kafka = Arc::new(KafkaLog::new(PARTITIONS));
+
+    // Warmup, by the operator, before anything serves.
+    let god = GodView {
+        cache: ScriptedStockCache::new(EmbeddedRedis::from_model(redis.model.clone())),
+        ledger: ledger.clone(),
+        plan: plan.clone(),
+    };
+    god.ledger.install(&act, &plan).await.expect("install");
+    god.cache.warmup(&plan).await.expect("warmup");
+
+    let node = |name: &str, addr: &str| handle.create_node().name(name).ip(ip(addr));
+    let (s, f) = (redis.clone(), faults.clone());
+    let redis_node = node("redis", "10.0.0.10")
+        .init(move || serve_redis(s.clone(), f.clone()))
+        .build();
+    let (l, f) = (ledger.clone(), faults.clone());
+    let mysql_node = node("mysql", "10.0.0.20")
+        .init(move || serve_ledger(l.clone(), f.clone()))
+        .build();
+    let (k, f) = (kafka.clone(), faults.clone());
+    let kafka_node = node("kafka", "10.0.0.30")
+        .init(move || serve_kafka(k.clone(), f.clone()))
+        .build();
+
+    let skews = Arc::new(Mutex::new(vec![0i64; cfg.engines]));
+    let engines = (0..cfg.engines)
+        .map(|i| {
+            let (act, skews) = (act.clone(), skews.clone());
+            let addr = engine_addr(i);
+            node(&format!("engine-{i}"), &addr.ip().to_string())
+                .init(move || {
+                    let skew = skews.lock().expect("skews")[i];
+                    engine_main(EngineParams {
+                        addr,
+                        activity: act.clone(),
+                        partitions: PARTITIONS,
+                        wall_ms: SIM_EPOCH_MS.saturating_add_signed(skew),
+                    })
+                })
+                .build()
+        })
+        .collect();
+    let consumers = (0..cfg.consumers)
+        .map(|i| {
+            let addr: SocketAddr = format!("10.0.2.{}:9000", i + 1)
+                .parse()
+                .expect("consumer address");
+            let of = cfg.consumers as u32;
+            node(&format!("consumer-{i}"), &addr.ip().to_string())
+                .init(move || consumer_main(addr, i as u32, of, PARTITIONS))
+                .build()
+        })
+        .collect();
+
+    let w = Arc::new(World {
+        cfg: cfg.clone(),
+        handle: handle.clone(),
+        faults: faults.clone(),
+        redis,
+        kafka,
+        god,
+        history: Arc::default(),
+        skews,
+        redis_node,
+        mysql_node,
+        kafka_node,
+        engines,
+        consumers,
+        violated: Mutex::new(None),
+    });
+    faults.event(format!(
+        "world up: {} engines, {} consumers, {} clients",
+        cfg.engines, cfg.consumers, cfg.clients
+    ));
+
+    // Sale under faults, watched continuously.
+    let clients = w.spawn_clients();
+    let nemesis = tokio::spawn(w.clone().nemesis());
+    let checker = tokio::spawn(w.clone().check_continuously());
+    for c in clients {
+        let _ = c.await;
+        if w.violated() {
+            break;
+        }
+    }
+    nemesis.abort();
+    w.heal().await;
+    let drained = if w.violated() { true } else { w.settle().await };
+    checker.abort();
+    w.final_checks(drained).await;
+    w.report().await
+}
+
+impl World {
+    fn violated(&self) -> bool {
+        self.violated.lock().expect("violated").is_some()
+    }
+
+    fn record(&self, violations: Vec<inv::Violation>, verdict: Verdict) {
+        if violations.is_empty() {
+            return;
+        }
+        let mut v = self.violated.lock().expect("violated");
+        if v.is_none() {
+            for x in &violations {
+                self.faults.event(format!("VIOLATION {x}"));
+            }
+            *v = Some(Violated {
+                at: self.faults.elapsed(),
+                violations: violations.iter().map(|x| x.to_string()).collect(),
+                verdict,
+            });
+        }
+    }
+
+    fn safety(&self, snap: &inv::Snapshot) -> Vec<inv::Violation> {
+        let mut v = inv::check_safety(snap);
+        let confirmed = self.history.lock().expect("history").confirmed.clone();
+        v.extend(inv::s4_confirmed_kept(snap, &confirmed));
+        if self.cfg.scenario.checks().s2_redis {
+            v.extend(inv::s2_redis_one_reservation_per_user(snap));
+            v.extend(inv::s2_redis_fallback_winners_marked(snap));
+        }
+        v
+    }
+
+    async fn check_continuously(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(CHECK_EVERY).await;
+            let snap = self.god.snapshot().await;
+            self.record(self.safety(&snap), Verdict::Safety);
+        }
+    }
+
+    fn spawn_clients(self: &Arc<Self>) -> Vec<madsim::task::JoinHandle<()>> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(thread_rng().gen());
+        let demo_cfg = DemoConfig {
+            users: self.cfg.users,
+            buckets: self.cfg.buckets,
+            skew: self.cfg.skew,
+            clicks_per_user: self.cfg.clicks_per_user,
+            ..DemoConfig::default()
+        };
+        let clicks = demo::workload(&demo_cfg, &mut rng);
+        let n = self.cfg.clients;
+        (0..n)
+            .map(|c| {
+                let mine: Vec<UserId> = clicks.iter().skip(c).step_by(n).copied().collect();
+                let node = self
+                    .handle
+                    .create_node()
+                    .name(format!("client-{c}"))
+                    .ip(ip(&format!("10.0.3.{}", c + 1)))
+                    .build();
+                let w = self.clone();
+                node.spawn(async move { w.client(c, mine).await })
+            })
+            .collect()
+    }
+
+    /// One client node: each of its clicks is a user acting at a random moment of the sale,
+    /// concurrently with the others, against a random engine; a queued order is checked on (and
+    /// mostly paid) a little later.
+    async fn client(self: Arc<Self>, index: usize, clicks: Vec<UserId>) {
+        let ep = Arc::new(
+            Endpoint::bind(
+                format!("10.0.3.{}:7000", index + 1)
+                    .parse::<SocketAddr>()
+                    .expect("client address"),
+            )
+            .await
+            .expect("bind client"),
+        );
+        let start = tokio::time::Instant::now();
+        let users: Vec<_> = clicks
+            .into_iter()
+            .map(|user| {
+                let at = start + Duration::from_millis(thread_rng().gen_range(0..self.cfg.sale_ms));
+                let engine = engine_addr(thread_rng().gen_range(0..self.cfg.engines));
+                let (w, ep) = (self.clone(), ep.clone());
+                madsim::task::spawn(async move {
+                    tokio::time::sleep_until(at).await;
+                    if !w.violated() {
+                        w.click(&ep, engine, user).await;
+                    }
+                })
+            })
+            .collect();
+        for u in users {
+            let _ = u.await;
+        }
+        self.faults.event(format!("client-{index} done"));
+    }
+
+    async fn click(&self, ep: &Endpoint, engine: SocketAddr, user: UserId) {
+        let answer = ep
+            .call_timeout(engine, rpc::Purchase { user }, Duration::from_secs(1))
+            .await;
+        let label = match &answer {
+            Ok(Ok(o)) => o.label(),
+            Ok(Err(_)) => "refused",
+            Err(_) => "no_answer",
+        };
+        *self
+            .history
+            .lock()
+            .expect("history")
+            .outcomes
+            .entry(label.into())
+            .or_insert(0) += 1;
+        if let Ok(Ok(PurchaseOutcome::Unavailable { reason })) = &answer {
+            self.faults.event(format!("user {user}: unavailable: {reason}"));
+        }
+        if let Ok(Ok(PurchaseOutcome::Queued(r))) = answer {
+            self.history
+                .lock()
+                .expect("history")
+                .queued
+                .push(r.id.to_string());
+            self.follow_up(ep, engine, r).await;
+        }
+    }
+
+    async fn follow_up(&self, ep: &Endpoint, engine: SocketAddr, r: seckill_engine::domain::Reservation) {
+        tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(100..400))).await;
+        let status = ep
+            .call_timeout(engine, rpc::Status { user: r.user }, Duration::from_secs(1))
+            .await;
+        // Confirmed only if the ledger's order of this user IS this reservation (after a Redis
+        // loss the user may hold an order from another one).
+        let Ok(Ok(view)) = status else { return };
+        if !matches!(view.state, OrderState::Created | OrderState::Paid) || view.reservation != Some(r.id) {
+            return;
+        }
+        let rid = r.id.to_string();
+        // Some users never pay (DESIGN §9 workload).
+        let paid = thread_rng().gen_bool(0.7)
+            && matches!(
+                ep.call_timeout(engine, rpc::PayOrder { id: r.id }, Duration::from_secs(1))
+                    .await,
+                Ok(Ok(PayOutcome::Paid))
+            );
+        self.faults.event(format!(
+            "user {} told {}",
+            r.user,
+            if paid { "paid" } else { "created" }
+        ));
+        self.history.lock().expect("history").confirmed.push(rid);
+    }
+
+    /// A random schedule over the scenario's faults: one at a time, each for a short while.
+    async fn nemesis(self: Arc<Self>) {
+        let kinds = self.cfg.scenario.faults();
+        if kinds.is_empty() {
+            return;
+        }
+        loop {
+            tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(20..120))).await;
+            let fault = kinds[thread_rng().gen_range(0..kinds.len())];
+            let hold = Duration::from_millis(thread_rng().gen_range(30..300));
+            self.inject(fault, hold).await;
+        }
+    }
+
+    async fn inject(&self, fault: Fault, hold: Duration) {
+        let f = &self.faults;
+        let pick = |nodes: &[NodeHandle]| nodes[thread_rng().gen_range(0..nodes.len())].id();
+        match fault {
+            Fault::ConsumerCrash => {
+                let id = pick(&self.consumers);
+                f.fired("consumer_crash");
+                self.handle.kill(id);
+                tokio::time::sleep(hold).await;
+                self.handle.restart(id);
+            }
+            Fault::EngineCrash => {
+                let id = pick(&self.engines);
+                f.fired("engine_crash");
+                self.handle.kill(id);
+                tokio::time::sleep(hold).await;
+                self.handle.restart(id);
+            }
+            Fault::ClockSkew => {
+                let i = thread_rng().gen_range(0..self.engines.len());
+                let skew = thread_rng().gen_range(-500..=500);
+                f.fired("clock_skew");
+                f.event(format!("engine-{i} clock skewed {skew:+} ms"));
+                self.skews.lock().expect("skews")[i] = skew;
+                self.reboot(self.engines[i].id());
+            }
+            Fault::BrokerDown => {
+                f.fired("broker_down");
+                self.handle.kill(self.kafka_node.id());
+                tokio::time::sleep(hold).await;
+                self.handle.restart(self.kafka_node.id());
+            }
+            Fault::MysqlUnavailable => {
+                f.fired("mysql_unavailable");
+                self.handle.kill(self.mysql_node.id());
+                tokio::time::sleep(hold).await;
+                self.handle.restart(self.mysql_node.id());
+            }
+            Fault::RedisRestartVolatile | Fault::RedisRestartAof => {
+                let volatile = fault == Fault::RedisRestartVolatile;
+                f.fired(if volatile {
+                    "redis_restart_volatile"
+                } else {
+                    "redis_restart_aof_window"
+                });
+                self.redis.set_restart_mode(if volatile {
+                    Persistence::Volatile
+                } else {
+                    Persistence::Aof {
+                        window: Duration::from_millis(200),
+                    }
+                });
+                self.reboot(self.redis_node.id());
+            }
+            Fault::RedisPartition => {
+                f.fired("redis_partition");
+                NetSim::current().clog_node(self.redis_node.id());
+                tokio::time::sleep(hold).await;
+                NetSim::current().unclog_node(self.redis_node.id());
+            }
+            Fault::PacketLoss => {
+                f.fired("packet_loss");
+                NetSim::current().update_config(|c| c.packet_loss_rate = 0.05);
+                tokio::time::sleep(hold).await;
+                NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
+            }
+            knob => {
+                let (name, set): (&str, fn(&mut crate::faults::Knobs)) = match knob {
+                    Fault::LedgerLockWait => ("ledger_lock_wait", |k| k.ledger_lock_wait = 0.3),
+                    Fault::LedgerCommitUnknown => {
+                        ("ledger_commit_unknown", |k| k.ledger_commit_unknown = 0.3)
+                    }
+                    Fault::LedgerConnLoss => ("ledger_conn_loss", |k| k.ledger_conn_loss = 0.2),
+                    Fault::MqDuplicate => ("mq_duplicate", |k| k.mq_duplicate = 0.3),
+                    Fault::MqDelay => ("mq_delay", |k| k.mq_delay = Duration::from_millis(80)),
+                    Fault::MqRefuse => ("mq_refuse", |k| k.mq_refuse = 0.3),
+                    Fault::MqAckLost => ("mq_ack_lost", |k| k.mq_ack_lost = 0.3),
+                    Fault::MqLoseAfterAck => ("mq_lose_after_ack", |k| k.mq_lose_after_ack = 0.2),
+                    Fault::RedisLatency => ("redis_latency", |k| k.redis_latency = Duration::from_millis(60)),
+                    _ => ("redis_slow_script", |k| k.redis_slow_script = 0.05),
+                };
+                f.event(format!("window {name} for {} ms", hold.as_millis()));
+                // Windows whose effect is a delay count when opened; the others count per hit.
+                if matches!(knob, Fault::MqDelay | Fault::RedisLatency) {
+                    f.fired(name);
+                }
+                f.set(set);
+                tokio::time::sleep(hold).await;
+                f.set(|k| *k = Default::default());
+            }
+        }
+    }
+
+    /// A crash and an immediate restart. (madsim's `restart` alone keeps the node's sockets
+    /// bound, so the new incarnation could not bind its address.)
+    fn reboot(&self, id: madsim::task::NodeId) {
+        self.handle.kill(id);
+        self.handle.restart(id);
+    }
+
+    /// Undo every fault: knobs off, links healed, every node running.
+    async fn heal(&self) {
+        self.faults.set(|k| *k = Default::default());
+        let net = NetSim::current();
+        net.update_config(|c| c.packet_loss_rate = 0.0);
+        let all = [&self.redis_node, &self.mysql_node, &self.kafka_node]
+            .into_iter()
+            .chain(&self.engines)
+            .chain(&self.consumers);
+        for n in all {
+            net.unclog_node(n.id());
+            if self.handle.is_exit(n.id()) {
+                self.handle.restart(n.id());
+            }
+        }
+        self.faults.event("healed".into());
+    }
+
+    /// Wait until the consumers have committed everything on the bus (three looks in a row).
+    async fn settle(&self) -> bool {
+        let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
+        let mut quiet = 0;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            quiet = if self.kafka.lag(GROUP) == 0 { quiet + 1 } else { 0 };
+            if quiet >= 3 {
+                self.faults.event("settled: bus drained".into());
+                return true;
+            }
+        }
+        self.faults
+            .event(format!("not settled: lag {}", self.kafka.lag(GROUP)));
+        false
+    }
+
+    async fn final_checks(&self, drained: bool) {
+        let snap = self.god.snapshot().await;
+        self.record(self.safety(&snap), Verdict::Safety);
+        let checks = self.cfg.scenario.checks();
+        let mut live = Vec::new();
+        if checks.r1 {
+            live.extend(inv::r1_reconciled(&snap));
+        }
+        if checks.l1 {
+            let queued = self.history.lock().expect("history").queued.clone();
+            live.extend(inv::l1_queued_resolved(&snap, &queued));
+            live.extend(inv::l1_nothing_open(&snap));
+            if !drained {
+                live.push(inv::Violation {
+                    invariant: inv::Invariant::L1QueuedResolved,
+                    bucket: None,
+                    detail: format!("the bus never drained: lag {}", self.kafka.lag(GROUP)),
+                });
+            }
+        }
+        self.record(live, Verdict::Liveness);
+    }
+
+    async fn report(&self) -> RunReport {
+        let snap = self.god.snapshot().await;
+        let history = self.history.lock().expect("history");
+        let violated = self.violated.lock().expect("violated");
+        RunReport {
+            config: self.cfg.clone(),
+            checks: self.cfg.scenario.checks(),
+            verdict: violated.as_ref().map_or(Verdict::Ok, |v| v.verdict),
+            violations: violated.as_ref().map_or_else(Vec::new, |v| v.violations.clone()),
+            violated_at_ms: violated.as_ref().map(|v| v.at.as_millis() as u64),
+            faults: self.faults.counters(),
+            outcomes: history.outcomes.clone(),
+            queued: history.queued.len() as u64,
+            units_sold: snap
+                .orders
+                .iter()
+                .filter(|o| o.status.holds_stock())
+                .map(|o| o.qty)
+                .sum(),
+            sim_ms: self.faults.elapsed().as_millis() as u64,
+            trace: self.faults.trace(),
+        }
+    }
+}
