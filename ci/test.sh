@@ -25,9 +25,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "tests (plain build)"
 cargo test --workspace
 
-step "clippy (--cfg madsim)"
-cargo clippy -p seckill-engine -p seckill-sim --features seckill-sim/simulation --all-targets --release \
-  --config "build.rustflags=['--cfg','madsim']" --target-dir target/sim -- -D warnings
+step "clippy (--cfg madsim): the engine library with its planted bugs, and the simulation"
+madsim=(--release --config "build.rustflags=['--cfg','madsim']" --target-dir target/sim)
+cargo clippy -p seckill-engine --lib "${madsim[@]}" -- -D warnings
+cargo clippy -p seckill-sim --features simulation --all-targets "${madsim[@]}" -- -D warnings
 
 step "simulation (--cfg madsim): every scenario over a seed range, planted bugs, smoke"
 cargo sim
