@@ -79,7 +79,7 @@ pub enum DemoError {
 
 /// The arrival order of every click: user ids (distinct, skewed as asked), each repeated
 /// 1..=clicks times, shuffled.
-pub fn workload(cfg: &DemoConfig, rng: &mut StdRng) -> Vec<UserId> {
+fn workload(cfg: &DemoConfig, rng: &mut StdRng) -> Vec<UserId> {
     let hot = (cfg.buckets / 8).max(1);
     let mut next_id = 1u64;
     let mut clicks = Vec::with_capacity(cfg.users as usize * (cfg.clicks_per_user as usize + 1) / 2);

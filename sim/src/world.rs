@@ -18,8 +18,7 @@ use madsim::runtime::{Handle, NodeHandle};
 use rand::SeedableRng;
 use seckill_engine::adapters::embedded::{EmbeddedLedger, EmbeddedRedis};
 use seckill_engine::adapters::script::ScriptedStockCache;
-use seckill_engine::demo::{self, DemoConfig};
-use seckill_engine::domain::{Activity, ActivityId, ActivitySpec, StockPlan, UserId};
+use seckill_engine::domain::{Activity, ActivityId, ActivitySpec, BucketRouter, StockPlan, UserId};
 use seckill_engine::planted::{self, Bug};
 use seckill_engine::ports::{Ledger, PayOutcome, StockCache};
 use seckill_engine::service::{audit, OrderState, PurchaseOutcome};
@@ -33,7 +32,7 @@ use std::time::Duration;
 pub const ACTIVITY: ActivityId = ActivityId(1);
 const PARTITIONS: u32 = 4;
 /// How often the checker looks during the sale and settle (simulated time).
-const CHECK_EVERY: Duration = Duration::from_millis(10);
+const CHECK_EVERY: Duration = Duration::from_millis(25);
 /// Settle gives up after this long (simulated): then the bus never drained.
 const SETTLE_LIMIT: Duration = Duration::from_secs(30);
 
@@ -313,11 +312,42 @@ fn activity(cfg: &SimConfig) -> Activity {
         fallback_pct: cfg.fallback_pct,
         per_user_limit: 1,
         // Opens shortly after the clients start, so skewed engine clocks disagree at the edge.
-        start_ms: SIM_EPOCH_MS + 100,
+        start_ms: SIM_EPOCH_MS + 20,
         end_ms: SIM_EPOCH_MS + 3_600_000,
         pay_timeout_ms: 900_000,
     })
     .expect("simulation activities are valid")
+}
+
+/// The users and their clicks, shuffled. A `skew` fraction of users have ids that route to a
+/// bucket drawn from a Zipf distribution over the buckets (rank k with weight 1/k: a few very hot
+/// buckets, a long tail); the rest are sequential ids. Each user clicks 1..=clicks_per_user times.
+fn workload(cfg: &SimConfig) -> Vec<UserId> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(thread_rng().gen());
+    let n = cfg.buckets;
+    let weights: Vec<f64> = (1..=n).map(|k| 1.0 / k as f64).collect();
+    let zipf = rand::distributions::WeightedIndex::new(&weights).expect("positive weights");
+    let mut next_id = 1u64;
+    let mut clicks = Vec::new();
+    for _ in 0..cfg.users {
+        let user = if rng.gen_bool(cfg.skew) {
+            // A far id range per hot user, so the sequential ids below are never reused.
+            let target = rng.sample(&zipf) as u32;
+            let mut id = 1_000_000_000 + rng.gen_range(0..1_000_000_000u64);
+            while BucketRouter::route(UserId(id), n).0 != target {
+                id += 1;
+            }
+            UserId(id)
+        } else {
+            next_id += 1;
+            UserId(next_id)
+        };
+        for _ in 0..rng.gen_range(1..=cfg.clicks_per_user) {
+            clicks.push(user);
+        }
+    }
+    rand::seq::SliceRandom::shuffle(clicks.as_mut_slice(), &mut rng);
+    clicks
 }
 
 /// Run one seed in its own runtime. Panics (a crash of the world) propagate to the caller.
@@ -477,15 +507,7 @@ impl World {
     }
 
     fn spawn_clients(self: &Arc<Self>) -> Vec<madsim::task::JoinHandle<()>> {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(thread_rng().gen());
-        let demo_cfg = DemoConfig {
-            users: self.cfg.users,
-            buckets: self.cfg.buckets,
-            skew: self.cfg.skew,
-            clicks_per_user: self.cfg.clicks_per_user,
-            ..DemoConfig::default()
-        };
-        let clicks = demo::workload(&demo_cfg, &mut rng);
+        let clicks = workload(&self.cfg);
         let n = self.cfg.clients;
         (0..n)
             .map(|c| {
@@ -519,7 +541,13 @@ impl World {
         let users: Vec<_> = clicks
             .into_iter()
             .map(|user| {
-                let at = start + Duration::from_millis(thread_rng().gen_range(0..self.cfg.sale_ms));
+                // A third of the clicks come in the opening burst, the rest spread over the sale.
+                let window = if thread_rng().gen_bool(0.3) {
+                    self.cfg.sale_ms / 10
+                } else {
+                    self.cfg.sale_ms
+                };
+                let at = start + Duration::from_millis(thread_rng().gen_range(0..window.max(1)));
                 let engine = engine_addr(thread_rng().gen_range(0..self.cfg.engines));
                 let (w, ep) = (self.clone(), ep.clone());
                 madsim::task::spawn(async move {

@@ -121,42 +121,53 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
                 ),
             ));
         }
+        // What each outcome asks of Redis. Created/Redelivered: the order is durable, close the
+        // reservation. OutOfStock: the ledger recorded it as failed — the unit it claims does not
+        // exist there, so it must not come back to Redis either (Redis was overstating its stock).
+        // DuplicateBuyer: the user holds another order, so this reservation's units go back.
+        let mut followups = Vec::with_capacity(events.len());
         for ((r, outcome), d) in events.iter().zip(&outcomes).zip(origin) {
-            let followup = match outcome {
+            let release = match outcome {
                 ApplyOutcome::Created => {
                     report.created += 1;
-                    self.cache.settle(r).await.map(drop)
+                    false
                 }
                 ApplyOutcome::Redelivered => {
                     report.redelivered += 1;
                     #[cfg(madsim)]
-                    if crate::planted::on(crate::planted::Bug::RedeliveredAsDuplicate) {
-                        let _ = self.cache.release(r, ReleaseKind::Rejected).await;
-                        continue;
-                    }
-                    self.cache.settle(r).await.map(drop)
+                    let planted = crate::planted::on(crate::planted::Bug::RedeliveredAsDuplicate);
+                    #[cfg(not(madsim))]
+                    let planted = false;
+                    planted
                 }
-                // The ledger recorded it as failed: the unit it claims does not exist there, so
-                // it must not come back to Redis either (Redis was overstating its stock).
                 ApplyOutcome::OutOfStock => {
                     report.out_of_stock += 1;
-                    self.cache.settle(r).await.map(drop)
+                    false
                 }
                 ApplyOutcome::DuplicateBuyer { .. } => {
                     report.duplicate_buyers += 1;
-                    self.cache.release(r, ReleaseKind::Rejected).await.map(drop)
+                    true
                 }
                 ApplyOutcome::UnknownBucket => {
                     report.dead_lettered += 1;
                     let reason = format!("activity {} has no bucket {} in the ledger", r.activity, r.bucket);
                     self.source.dead_letter(d, &reason).await?;
-                    Ok(())
+                    continue;
                 }
             };
-            if followup.is_err() {
-                report.followups_failed += 1;
-            }
+            followups.push((r, release));
         }
+        // Independent reservations: one round trip for the whole batch, not one per order.
+        let cache = &self.cache;
+        let results = futures::future::join_all(followups.into_iter().map(|(r, release)| async move {
+            if release {
+                cache.release(r, ReleaseKind::Rejected).await.map(drop)
+            } else {
+                cache.settle(r).await.map(drop)
+            }
+        }))
+        .await;
+        report.followups_failed += results.iter().filter(|r| r.is_err()).count() as u64;
         self.source.commit(batch).await
     }
 
