@@ -638,19 +638,12 @@ impl World {
         let f = &self.faults;
         let pick = |nodes: &[NodeHandle]| nodes[thread_rng().gen_range(0..nodes.len())].id();
         match fault {
-            Fault::ConsumerCrash => {
-                let id = pick(&self.consumers);
-                f.fired("consumer_crash");
-                self.handle.kill(id);
-                tokio::time::sleep(hold).await;
-                self.handle.restart(id);
-            }
-            Fault::EngineCrash => {
-                let id = pick(&self.engines);
-                f.fired("engine_crash");
-                self.handle.kill(id);
-                tokio::time::sleep(hold).await;
-                self.handle.restart(id);
+            Fault::ConsumerCrash => self.down_for(pick(&self.consumers), "consumer_crash", hold).await,
+            Fault::EngineCrash => self.down_for(pick(&self.engines), "engine_crash", hold).await,
+            Fault::BrokerDown => self.down_for(self.kafka_node.id(), "broker_down", hold).await,
+            Fault::MysqlUnavailable => {
+                self.down_for(self.mysql_node.id(), "mysql_unavailable", hold)
+                    .await
             }
             Fault::ClockSkew => {
                 let i = thread_rng().gen_range(0..self.engines.len());
@@ -659,18 +652,6 @@ impl World {
                 f.event(format!("engine-{i} clock skewed {skew:+} ms"));
                 self.skews.lock().expect("skews")[i] = skew;
                 self.reboot(self.engines[i].id());
-            }
-            Fault::BrokerDown => {
-                f.fired("broker_down");
-                self.handle.kill(self.kafka_node.id());
-                tokio::time::sleep(hold).await;
-                self.handle.restart(self.kafka_node.id());
-            }
-            Fault::MysqlUnavailable => {
-                f.fired("mysql_unavailable");
-                self.handle.kill(self.mysql_node.id());
-                tokio::time::sleep(hold).await;
-                self.handle.restart(self.mysql_node.id());
             }
             Fault::RedisRestartVolatile | Fault::RedisRestartAof => {
                 let volatile = fault == Fault::RedisRestartVolatile;
@@ -725,6 +706,14 @@ impl World {
                 f.set(|k| *k = Default::default());
             }
         }
+    }
+
+    /// A node crashes (at whatever await point it is), stays down for `hold`, and restarts.
+    async fn down_for(&self, id: madsim::task::NodeId, fault: &str, hold: Duration) {
+        self.faults.fired(fault);
+        self.handle.kill(id);
+        tokio::time::sleep(hold).await;
+        self.handle.restart(id);
     }
 
     /// A crash and an immediate restart. (madsim's `restart` alone keeps the node's sockets

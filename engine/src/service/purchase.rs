@@ -249,8 +249,6 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
 
         match self.inner.bus.publish(&reservation).await {
             Ok(()) => Ok(PurchaseOutcome::Queued(reservation)),
-            // The record may be on the bus: the reservation stays open, the reconciler
-            // republishes it if the ledger never sees it, and the ledger dedupes by id.
             #[cfg(madsim)]
             Err(e) if crate::planted::on(crate::planted::Bug::ReleaseOnIndeterminatePublish) => {
                 let _ = self
@@ -260,6 +258,8 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                     .await;
                 Ok(unavailable(format!("order bus: {e}")))
             }
+            // The record may be on the bus: the reservation stays open, the reconciler
+            // republishes it if the ledger never sees it, and the ledger dedupes by id.
             Err(e) if e.is_indeterminate() => Ok(PurchaseOutcome::Queued(reservation)),
             Err(e) => {
                 #[cfg(madsim)]
