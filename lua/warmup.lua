@@ -3,8 +3,13 @@
 --
 -- op "bucket": KEYS[1] sk:{A.b}:stock            ARGV[2] initial units of bucket b
 --   -> {"created", initial} | {"exists", current}
--- op "meta":   KEYS[1] sk:{A}:meta               ARGV[2] plan version  ARGV[3] bucket count
+-- op "meta":   KEYS[1] sk:{A}:meta   ARGV[2] plan version  ARGV[3] bucket count  ARGV[4] epoch
 --   -> {"created"} | {"exists"}; a different plan version is an error (plans never change in place)
+--   The epoch is the Redis server's run id at warmup: a later run id means Redis restarted since,
+--   and may have lost data (the recovery job compares them).
+-- op "state":  KEYS[1] sk:{A}:meta   ARGV[2] state  ARGV[3] plan version  ARGV[4] bucket count
+--              ARGV[5] epoch ("" keeps the current one)   -> {"ok"}
+--   Sets open / paused / recovering / closed; recreates the meta hash if Redis lost it.
 -- The engine warms every bucket first and the meta hash last, so `state=open` means "all warm".
 local op = ARGV[1]
 if op == "bucket" then
@@ -26,7 +31,21 @@ elseif op == "meta" then
     end
     return {"exists"}
   end
-  redis.call("HSET", KEYS[1], "version", ARGV[2], "buckets", ARGV[3], "state", "open")
+  redis.call("HSET", KEYS[1], "version", ARGV[2], "buckets", ARGV[3], "state", "open", "epoch", ARGV[4])
   return {"created"}
+elseif op == "state" then
+  local state = ARGV[2]
+  if state ~= "open" and state ~= "paused" and state ~= "recovering" and state ~= "closed" then
+    return redis.error_reply("ERR warmup: unknown state " .. tostring(state))
+  end
+  local version = redis.call("HGET", KEYS[1], "version")
+  if version and version ~= ARGV[3] then
+    return redis.error_reply("ERR warmup: plan version mismatch: have " .. version .. ", got " .. ARGV[3])
+  end
+  redis.call("HSET", KEYS[1], "version", ARGV[3], "buckets", ARGV[4], "state", state)
+  if ARGV[5] ~= "" then
+    redis.call("HSET", KEYS[1], "epoch", ARGV[5])
+  end
+  return {"ok"}
 end
 return redis.error_reply("ERR warmup: unknown op " .. tostring(op))

@@ -7,12 +7,13 @@
 //! library so other crates can call it). Every case uses its own activity id, counted up from
 //! `first_activity`, so a suite can run against a store shared with earlier runs.
 
+use crate::domain::ActivityState;
 use crate::domain::{
     Activity, ActivityId, ActivitySpec, BucketNo, Reservation, ReservationId, StockPlan, UserId,
 };
 use crate::ports::{
-    ApplyOutcome, JournalKind, Ledger, OrderBus, OrderSource, OrderStatus, PayOutcome, ReleaseKind,
-    ReserveOutcome, StockCache,
+    ApplyOutcome, BucketImage, JournalKind, Ledger, OrderBus, OrderSource, OrderStatus, PayOutcome,
+    ReleaseKind, ReserveOutcome, StockCache,
 };
 use std::future::Future;
 
@@ -200,6 +201,60 @@ where
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(0));
     }
 
+    // activity state, epoch, rebuild.
+    {
+        let c = make().await;
+        let plan = fresh(6, 1, 0);
+        c.warmup(&plan).await.unwrap();
+        let epoch = c.epoch().await.unwrap();
+        assert_eq!(
+            c.epoch().await.unwrap(),
+            epoch,
+            "the run id is stable while Redis runs"
+        );
+        let meta = c.meta(plan.activity).await.unwrap().unwrap();
+        assert_eq!(
+            meta.epoch.as_deref(),
+            Some(epoch.as_str()),
+            "warmup records the epoch"
+        );
+        c.set_state(&plan, ActivityState::Paused, None).await.unwrap();
+        let meta = c.meta(plan.activity).await.unwrap().unwrap();
+        assert_eq!(
+            (meta.state, meta.epoch.as_deref()),
+            (ActivityState::Paused, Some(epoch.as_str()))
+        );
+        let users = users_in(&plan, BucketNo(0), 2);
+        let a = reserved(reserve(&c, &plan, users[0], 1).await, "before rebuild");
+        let image = BucketImage {
+            stock: 2,
+            buyers: vec![users[1]],
+            cancelled_released: vec![(a.id, 1)],
+        };
+        c.rebuild(&plan, BucketNo(0), &image).await.unwrap();
+        let b0 = &c.snapshot(&plan).await.unwrap().buckets[0];
+        assert_eq!(
+            (b0.stock, b0.buyers.clone(), b0.open.len()),
+            (Some(2), vec![users[1]], 0),
+            "rebuilt"
+        );
+        assert_eq!(b0.cancelled_released, vec![a.id]);
+        assert!(
+            !c.release(&a, ReleaseKind::Cancelled).await.unwrap(),
+            "idempotent across a rebuild"
+        );
+        assert_eq!(
+            reserve(&c, &plan, users[1], 5).await,
+            ReserveOutcome::Duplicate,
+            "marks rebuilt"
+        );
+        c.set_state(&plan, ActivityState::Open, Some("e2")).await.unwrap();
+        assert_eq!(
+            c.meta(plan.activity).await.unwrap().unwrap().epoch.as_deref(),
+            Some("e2")
+        );
+    }
+
     // release and settle: each kind, each idempotent.
     {
         let c = make().await;
@@ -303,6 +358,10 @@ where
             sent.len(),
             "every record is delivered once per poll cycle"
         );
+        assert!(
+            bus.lag(&group).await.unwrap() >= sent.len() as u64,
+            "uncommitted records are lag"
+        );
         let decoded: Vec<Reservation> = got
             .iter()
             .map(|d| Reservation::decode(&d.payload).unwrap())
@@ -355,6 +414,7 @@ where
             drain(&mut s, 1).await.is_empty(),
             "nothing left after committing all"
         );
+        assert_eq!(bus.lag(&group).await.unwrap(), 0, "drained");
     }
 
     // malformed bytes are delivered raw, can be dead-lettered, and do not block what follows.
@@ -476,5 +536,46 @@ where
             .orders
             .len(),
         0
+    );
+
+    // payment timeout: created orders past the window are cancelled once, stock and journal back
+    let act = activity(first_activity + 1, 2, 1, 0);
+    let plan = StockPlan::new(&act);
+    l.install(&act, &plan).await.unwrap();
+    let mut unpaid = ev(20, 30);
+    unpaid.activity = act.id();
+    let mut paid = ev(21, 31);
+    paid.activity = act.id();
+    assert_eq!(
+        l.apply(&[unpaid.clone(), paid.clone()]).await.unwrap(),
+        vec![ApplyOutcome::Created; 2]
+    );
+    l.pay(paid.id).await.unwrap();
+    assert_eq!(
+        l.cancel_unpaid(act.id(), 5 + 59_999).await.unwrap(),
+        vec![],
+        "not due yet"
+    );
+    assert_eq!(
+        l.cancel_unpaid(act.id(), 5 + 60_000).await.unwrap(),
+        vec![unpaid.clone()]
+    );
+    assert_eq!(
+        l.cancel_unpaid(act.id(), 10_000_000).await.unwrap(),
+        vec![],
+        "once"
+    );
+    let view = l.snapshot(act.id()).await.unwrap();
+    assert_eq!(
+        view.buckets[0].remaining, 1,
+        "the cancelled unit is back in the ledger"
+    );
+    assert!(view
+        .journal
+        .iter()
+        .any(|j| j.kind == JournalKind::Cancel && j.delta == 1));
+    assert_eq!(
+        l.pay(unpaid.id).await.unwrap(),
+        PayOutcome::NotPayable(OrderStatus::Cancelled)
     );
 }

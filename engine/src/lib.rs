@@ -10,6 +10,7 @@ pub mod clock;
 pub mod conformance;
 pub mod demo;
 pub mod domain;
+pub mod jobs;
 #[cfg(madsim)]
 pub mod planted;
 pub mod ports;

@@ -25,10 +25,16 @@ pub enum Bug {
     NoBuyerUniqueKey,
     /// The ledger's stock update lacks `remaining >= qty`.
     NoStockGuard,
+    /// The payment timeout releases a cancelled unit to `route(user)`, not its own bucket.
+    CancelReleaseToRoutedBucket,
+    /// Recovery rebuilds Redis from the ledger at once: no quiesce, no waiting for the topic to drain.
+    RebuildWhileInFlight,
+    /// The reconciler republishes an open reservation under a fresh id (the ledger cannot dedupe).
+    RepublishWithFreshId,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 11] = [
         Bug::NonAtomicReserve,
         Bug::AckBeforeCommit,
         Bug::ReleaseToRoutedBucket,
@@ -37,6 +43,9 @@ impl Bug {
         Bug::ReleaseOnIndeterminatePublish,
         Bug::NoBuyerUniqueKey,
         Bug::NoStockGuard,
+        Bug::CancelReleaseToRoutedBucket,
+        Bug::RebuildWhileInFlight,
+        Bug::RepublishWithFreshId,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +58,9 @@ impl Bug {
             Bug::ReleaseOnIndeterminatePublish => "release_on_indeterminate_publish",
             Bug::NoBuyerUniqueKey => "no_buyer_unique_key",
             Bug::NoStockGuard => "no_stock_guard",
+            Bug::CancelReleaseToRoutedBucket => "cancel_release_to_routed_bucket",
+            Bug::RebuildWhileInFlight => "rebuild_while_in_flight",
+            Bug::RepublishWithFreshId => "republish_with_fresh_id",
         }
     }
 

@@ -86,6 +86,28 @@ pub struct MetaView {
     pub version: String,
     pub buckets: u32,
     pub state: ActivityState,
+    /// The Redis run id at the last warmup or rebuild; `None` if never recorded.
+    pub epoch: Option<String>,
+}
+
+/// A pending-fallback mark: the user's own bucket was empty and a fallback attempt started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingMark {
+    pub user: UserId,
+    pub reservation: ReservationId,
+    pub since_ms: u64,
+}
+
+/// What a bucket is rebuilt to after Redis lost data: computed from the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BucketImage {
+    pub stock: u64,
+    /// Users marked in this bucket: everyone who routes here and holds any order, and everyone
+    /// whose order took a unit from here.
+    pub buyers: Vec<UserId>,
+    /// Cancelled orders of this bucket whose units are already back (keeps `cancelled`
+    /// releases idempotent across the rebuild).
+    pub cancelled_released: Vec<(ReservationId, u32)>,
 }
 
 /// One bucket's keys as read back, for audit, invariants and the reconciler.
@@ -96,8 +118,8 @@ pub struct CacheBucket {
     pub stock: Option<i64>,
     pub buyers: Vec<UserId>,
     pub open: Vec<Reservation>,
-    /// Pending-fallback marks: user → the reservation id of the fallback attempt.
-    pub pending: Vec<(UserId, ReservationId)>,
+    /// Pending-fallback marks left by attempts that have not resolved (yet).
+    pub pending: Vec<PendingMark>,
     /// Units given to / taken from this bucket by rebalancing.
     pub transfers_in: u64,
     pub transfers_out: u64,
@@ -136,6 +158,34 @@ pub trait StockCache: Clone + Send + Sync + 'static {
 
     fn meta(&self, activity: ActivityId) -> impl Future<Output = PortResult<Option<MetaView>>> + Send;
 
+    /// Set the activity's state (and, with `epoch`, record the Redis run id it is valid for);
+    /// recreates the meta hash if Redis lost it.
+    fn set_state(
+        &self,
+        plan: &StockPlan,
+        state: ActivityState,
+        epoch: Option<&str>,
+    ) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// The Redis server's run id now: it changes whenever Redis restarts.
+    fn epoch(&self) -> impl Future<Output = PortResult<String>> + Send;
+
+    /// Settle a pending-fallback mark: `keep` the user's mark (it holds a fallback unit) or clear it.
+    fn resolve_pending(
+        &self,
+        plan: &StockPlan,
+        user: UserId,
+        keep: bool,
+    ) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Replace one bucket's keys with `image` (recovery only: nothing may be in flight).
+    fn rebuild(
+        &self,
+        plan: &StockPlan,
+        bucket: BucketNo,
+        image: &BucketImage,
+    ) -> impl Future<Output = PortResult<()>> + Send;
+
     fn snapshot(&self, plan: &StockPlan) -> impl Future<Output = PortResult<CacheView>> + Send;
 }
 
@@ -160,6 +210,9 @@ pub trait OrderBus: Clone + Send + Sync + 'static {
 
     /// Publish arbitrary bytes (replaying a dead letter, or a test's malformed message).
     fn publish_raw(&self, key: &str, payload: &[u8]) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Records published but not yet committed by `group` (zero: the topic is drained).
+    fn lag(&self, group: &str) -> impl Future<Output = PortResult<u64>> + Send;
 
     /// Join the consumer group `group`. Positions start at the group's committed offsets, so
     /// whatever a previous member polled but did not commit is delivered again.
@@ -244,6 +297,15 @@ pub struct LedgerView {
 }
 
 pub trait Ledger: Clone + Send + Sync + 'static {
+    /// Cancel every created (unpaid) order of the activity whose payment window closed by
+    /// `now_ms`: status cancelled, stock back to its bucket, a `cancel` journal row — once per
+    /// order. Returns the reservations cancelled now, whose units must go back to Redis.
+    fn cancel_unpaid(
+        &self,
+        activity: ActivityId,
+        now_ms: u64,
+    ) -> impl Future<Output = PortResult<Vec<Reservation>>> + Send;
+
     /// Record the activity and its `stock_bucket` rows; idempotent. `Ok(true)` if it created them.
     fn install(&self, activity: &Activity, plan: &StockPlan)
         -> impl Future<Output = PortResult<bool>> + Send;

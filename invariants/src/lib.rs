@@ -225,10 +225,11 @@ pub fn s1_no_oversell(s: &Snapshot) -> Vec<Violation> {
     out
 }
 
-/// S2 one order per user: at most one non-failed order per (activity, user).
+/// S2 one order per user: at most one order row per (activity, user) — the ledger's unique key,
+/// which holds for every status (so at most one non-failed order, DESIGN §8, follows).
 pub fn s2_one_order_per_user(s: &Snapshot) -> Vec<Violation> {
     let mut by_user: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
-    for o in s.orders.iter().filter(|o| o.status != OrderStatus::Failed) {
+    for o in &s.orders {
         by_user.entry(o.user).or_default().push(&o.reservation);
     }
     by_user
@@ -554,8 +555,10 @@ mod tests {
         let v = s2_one_order_per_user(&s);
         assert_eq!(codes(&v), vec!["S2"]);
         assert!(v[0].detail.contains("user 1 has 2 orders"));
-        // a failed order beside a live one is allowed
+        // a failed row beside a live one breaks the unique key too
         s.orders[1].user = 9;
+        assert_eq!(codes(&s2_one_order_per_user(&s)), vec!["S2"]);
+        s.orders[1].user = 2;
         assert_eq!(s2_one_order_per_user(&s), vec![]);
     }
 

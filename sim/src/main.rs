@@ -50,6 +50,9 @@ mod app {
         buckets: Option<u32>,
         #[arg(long = "sale-ms", value_parser = clap::value_parser!(u64).range(10..=600_000))]
         sale_ms: Option<u64>,
+        /// Run without the jobs node (reconciler, recovery, payment timeout).
+        #[arg(long = "no-jobs")]
+        no_jobs: bool,
     }
 
     #[derive(Subcommand)]
@@ -132,6 +135,7 @@ mod app {
             stock: shape.stock.unwrap_or(base.stock),
             buckets: shape.buckets.unwrap_or(base.buckets),
             sale_ms: shape.sale_ms.unwrap_or(base.sale_ms),
+            jobs: !shape.no_jobs,
             ..base
         }
     }
@@ -256,9 +260,18 @@ mod app {
                 shape,
                 failures_dir,
             } => {
-                let scenarios = match planted {
-                    Some(bug) => vec![Scenario::for_bug(bug)],
-                    None => scenario.0,
+                let (scenarios, shape) = match planted {
+                    Some(bug) => {
+                        let (sc, jobs) = Scenario::for_bug(bug);
+                        (
+                            vec![sc],
+                            Shape {
+                                no_jobs: !jobs,
+                                ..shape
+                            },
+                        )
+                    }
+                    None => (scenario.0, shape),
                 };
                 let mut worst = 0;
                 for seed in from..from + seeds {

@@ -21,6 +21,10 @@ use std::time::Duration;
 pub const GROUP: &str = "seckill-orders";
 /// Deliveries per ledger transaction in the simulation: small, so crashes land mid-stream.
 const BATCH: usize = 16;
+/// How often engines re-read the activity state.
+pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
+/// How often the jobs node runs recovery check, reconciler and payment timeout.
+const JOBS_EVERY: Duration = Duration::from_millis(100);
 
 pub type SimCache = ScriptedStockCache<SimRedis>;
 
@@ -46,6 +50,9 @@ pub async fn engine_main(p: EngineParams) {
     }
     let activity = p.activity.id();
     let plan = StockPlan::new(&p.activity);
+    // Pause / resume / recovery reach this engine through its state refresher.
+    let refresher = service.clone();
+    madsim::task::spawn(async move { refresher.run_refresher(REFRESH_EVERY).await });
 
     let s = service.clone();
     rpc::serve(&ep, move |req: rpc::Purchase| {
@@ -66,6 +73,64 @@ pub async fn engine_main(p: EngineParams) {
         async move { l.pay(req.id).await.map_err(|e| e.to_string()) }
     });
     std::future::pending::<()>().await;
+}
+
+/// The jobs node: every `JOBS_EVERY`, recovery if Redis restarted, then a reconciler pass and
+/// the payment timeout. What they did is traced; a difference the reconciler cannot explain is
+/// counted as `reconciler_difference`.
+pub async fn jobs_main(
+    addr: SocketAddr,
+    activity: Activity,
+    partitions: u32,
+    faults: Arc<crate::faults::Faults>,
+) {
+    use seckill_engine::jobs::{
+        cancel_unpaid, reconcile, recover_if_needed, ReconcileConfig, RecoveryConfig,
+    };
+    let ep = Arc::new(Endpoint::bind(addr).await.expect("bind jobs"));
+    let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
+    let ledger = SimLedger::new(ep.clone());
+    let bus = SimBus::new(ep, partitions);
+    let plan = StockPlan::new(&activity);
+    let clock = Clock::new(crate::SIM_EPOCH_MS, tokio::time::Instant::now());
+    let recovery = RecoveryConfig {
+        // engines refresh every 100 ms; a publish times out after 300 ms
+        quiesce: Duration::from_millis(500),
+        drain_timeout: Duration::from_secs(5),
+        group: GROUP.to_string(),
+    };
+    let reconcile_cfg = ReconcileConfig {
+        republish_after_ms: 1_000,
+        pending_after_ms: 1_000,
+    };
+    loop {
+        tokio::time::sleep(JOBS_EVERY).await;
+        match recover_if_needed(&cache, &ledger, &bus, &plan, &recovery).await {
+            Ok(Some(r)) => faults.event(format!(
+                "recovered: {} units, {} buyer marks rebuilt",
+                r.stock, r.buyers
+            )),
+            Ok(None) => {}
+            Err(e) => {
+                faults.event(format!("recovery: {e}"));
+                continue;
+            }
+        }
+        if let Ok(r) = reconcile(&cache, &ledger, &bus, &plan, clock.now_ms(), &reconcile_cfg).await {
+            if r.settled + r.republished + r.pending_kept + r.pending_cleared + r.cancels_released > 0 {
+                faults.event(format!(
+                    "reconciler: settled {} republished {} pending {}/{} cancels {}",
+                    r.settled, r.republished, r.pending_kept, r.pending_cleared, r.cancels_released
+                ));
+            }
+            for d in &r.differences {
+                faults.event(format!("reconciler: {d}"));
+            }
+        }
+        if let Ok(n @ 1..) = cancel_unpaid(&cache, &ledger, &plan, clock.now_ms()).await {
+            faults.event(format!("payment timeout: {n} orders cancelled"));
+        }
+    }
 }
 
 pub async fn consumer_main(addr: SocketAddr, index: u32, of: u32, partitions: u32) {

@@ -59,6 +59,10 @@ pub struct EvalSha {
 request!(EvalSha => Reply, 0x5e01);
 
 #[derive(Serialize, Deserialize)]
+pub struct RunId;
+request!(RunId => String, 0x5e03);
+
+#[derive(Serialize, Deserialize)]
 pub struct ScriptLoad {
     pub source: String,
 }
@@ -76,6 +80,13 @@ pub struct Apply {
     pub batch: Vec<Reservation>,
 }
 request!(Apply => Result<Vec<ApplyOutcome>, PortError>, 0x5e12);
+
+#[derive(Serialize, Deserialize)]
+pub struct CancelUnpaid {
+    pub activity: ActivityId,
+    pub now_ms: u64,
+}
+request!(CancelUnpaid => Result<Vec<Reservation>, PortError>, 0x5e16);
 
 #[derive(Serialize, Deserialize)]
 pub struct Pay {
@@ -127,6 +138,12 @@ pub struct Committed {
     pub partition: u32,
 }
 request!(Committed => u64, 0x5e24);
+
+#[derive(Serialize, Deserialize)]
+pub struct Lag {
+    pub group: String,
+}
+request!(Lag => u64, 0x5e26);
 
 #[derive(Serialize, Deserialize)]
 pub struct DeadLetter {

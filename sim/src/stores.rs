@@ -100,6 +100,11 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
         }
     });
     let m = store.model.clone();
+    rpc::serve(&ep, move |_: rpc::RunId| {
+        let m = m.clone();
+        async move { m.run_id() }
+    });
+    let m = store.model.clone();
     rpc::serve(&ep, move |req: rpc::ScriptLoad| {
         let m = m.clone();
         async move { m.script_load(&req.source) }
@@ -124,6 +129,13 @@ impl SimRedis {
 }
 
 impl ScriptConn for SimRedis {
+    async fn run_id(&self) -> PortResult<String> {
+        self.ep
+            .call_timeout(addr(rpc::REDIS), rpc::RunId, REDIS_TIMEOUT)
+            .await
+            .map_err(|e| lost("run id", e))
+    }
+
     async fn eval_sha(&self, sha: &str, keys: &[String], args: &[String]) -> PortResult<Reply> {
         let req = rpc::EvalSha {
             sha: sha.to_string(),
@@ -190,6 +202,11 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
         }
     });
     let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::CancelUnpaid| {
+        let l = l.clone();
+        async move { l.cancel_unpaid(req.activity, req.now_ms).await }
+    });
+    let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::Pay| {
         let l = l.clone();
         async move { l.pay(req.id).await }
@@ -231,6 +248,11 @@ impl SimLedger {
 }
 
 impl Ledger for SimLedger {
+    async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
+        self.call("cancel unpaid", rpc::CancelUnpaid { activity, now_ms })
+            .await
+    }
+
     async fn install(&self, activity: &Activity, _plan: &StockPlan) -> PortResult<bool> {
         let spec = activity.spec().clone();
         self.call("install", rpc::Install { spec }).await
@@ -386,6 +408,11 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 .unwrap_or(0)
         }
     });
+    let l = log.clone();
+    rpc::serve(&ep, move |req: rpc::Lag| {
+        let l = l.clone();
+        async move { l.lag(&req.group) }
+    });
     let l = log;
     rpc::serve(&ep, move |req: rpc::DeadLetter| {
         let l = l.clone();
@@ -448,6 +475,16 @@ impl OrderBus for SimBus {
 
     async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
         self.produce(key, payload).await
+    }
+
+    async fn lag(&self, group: &str) -> PortResult<u64> {
+        let req = rpc::Lag {
+            group: group.to_string(),
+        };
+        self.ep
+            .call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT)
+            .await
+            .map_err(|e| lost("lag", e))
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<SimSource> {

@@ -56,6 +56,7 @@ pub enum Scenario {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     ConsumerCrash,
+    JobsCrash,
     LedgerLockWait,
     LedgerCommitUnknown,
     LedgerConnLoss,
@@ -78,22 +79,29 @@ enum Fault {
 
 const CONSUMER_FAULTS: &[Fault] = &[
     Fault::ConsumerCrash,
+    Fault::JobsCrash,
     Fault::LedgerLockWait,
     Fault::LedgerCommitUnknown,
     Fault::LedgerConnLoss,
     Fault::MqDuplicate,
     Fault::MqDelay,
 ];
-// Not Redis slowness: a reserve or settle that times out leaves a reservation only the
-// reconciler can close, so it belongs to Chaos.
+// No lost records and no Redis slowness here: without the jobs node, L1 must hold (a lost record
+// or a timed-out reserve strands a reservation only the reconciler can close).
+// Refusals and lost acks weigh triple: they are what exercise the publish-failure paths.
 const PRODUCER_FAULTS: &[Fault] = &[
     Fault::MqRefuse,
+    Fault::MqRefuse,
+    Fault::MqRefuse,
+    Fault::MqAckLost,
+    Fault::MqAckLost,
     Fault::MqAckLost,
     Fault::MqDelay,
     Fault::MqDuplicate,
 ];
 const ALL_FAULTS: &[Fault] = &[
     Fault::ConsumerCrash,
+    Fault::JobsCrash,
     Fault::LedgerLockWait,
     Fault::LedgerCommitUnknown,
     Fault::LedgerConnLoss,
@@ -114,7 +122,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::PacketLoss,
 ];
 
-/// Which checks a scenario can hold the engine to without the reconciler and recovery jobs.
+/// Which checks a run holds the engine to.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Checks {
     /// R1 at quiescence.
@@ -136,27 +144,34 @@ impl Scenario {
         }
     }
 
-    pub fn checks(self) -> Checks {
+    /// R1 and L1 hold at quiescence with the jobs node running (reconciler, recovery, payment
+    /// timeout) in every scenario, and without it where nothing can strand a reservation.
+    pub fn checks(self, jobs: bool) -> Checks {
         let recoverable = matches!(
             self,
             Scenario::Calm | Scenario::ConsumerFaults | Scenario::ProducerFaults
         );
         Checks {
-            r1: recoverable,
-            l1: recoverable,
+            r1: jobs || recoverable,
+            l1: jobs || recoverable,
             s2_redis: recoverable,
         }
     }
 
-    /// The scenario whose faults make a planted bug observable.
-    pub fn for_bug(bug: Bug) -> Scenario {
+    /// The scenario whose faults make a planted bug observable, and whether the jobs node runs.
+    /// The engine-path bugs run without the jobs: the reconciler would heal some of them into
+    /// slower but correct outcomes (a skipped record is republished), hiding the bug.
+    pub fn for_bug(bug: Bug) -> (Scenario, bool) {
         match bug {
-            Bug::NonAtomicReserve => Scenario::Calm,
-            Bug::AckBeforeCommit | Bug::RedeliveredAsDuplicate => Scenario::ConsumerFaults,
+            Bug::NonAtomicReserve => (Scenario::Calm, false),
+            Bug::AckBeforeCommit | Bug::RedeliveredAsDuplicate => (Scenario::ConsumerFaults, false),
             Bug::ReleaseToRoutedBucket
             | Bug::FallbackWithoutPendingMark
-            | Bug::ReleaseOnIndeterminatePublish => Scenario::ProducerFaults,
-            Bug::NoBuyerUniqueKey | Bug::NoStockGuard => Scenario::RedisLoss,
+            | Bug::ReleaseOnIndeterminatePublish => (Scenario::ProducerFaults, false),
+            Bug::NoBuyerUniqueKey | Bug::NoStockGuard => (Scenario::RedisLoss, false),
+            Bug::CancelReleaseToRoutedBucket => (Scenario::Calm, true),
+            Bug::RebuildWhileInFlight => (Scenario::RedisLoss, true),
+            Bug::RepublishWithFreshId => (Scenario::Chaos, true),
         }
     }
 }
@@ -166,6 +181,8 @@ pub struct SimConfig {
     pub seed: u64,
     pub scenario: Scenario,
     pub planted: Option<Bug>,
+    /// Run the jobs node (reconciler, recovery, payment timeout).
+    pub jobs: bool,
     pub users: u64,
     pub stock: u64,
     pub buckets: u32,
@@ -176,6 +193,8 @@ pub struct SimConfig {
     pub consumers: usize,
     pub clients: usize,
     pub sale_ms: u64,
+    /// Unpaid orders are cancelled after this long (the payment-timeout job).
+    pub pay_timeout_ms: u64,
 }
 
 impl SimConfig {
@@ -185,16 +204,18 @@ impl SimConfig {
             seed,
             scenario,
             planted: None,
+            jobs: true,
             users: 10_000,
             stock: 1_000,
             buckets: 16,
-            fallback_pct: 10,
+            fallback_pct: 20,
             clicks_per_user: 3,
             skew: 0.3,
             engines: 2,
             consumers: 2,
             clients: 4,
             sale_ms: 2_000,
+            pay_timeout_ms: 1_500,
         }
     }
 
@@ -225,6 +246,9 @@ impl SimConfig {
         );
         if let Some(b) = self.planted {
             cmd += &format!(" --planted {}", b.name());
+        }
+        if !self.jobs {
+            cmd += " --no-jobs";
         }
         cmd
     }
@@ -295,6 +319,7 @@ struct World {
     redis_node: NodeHandle,
     mysql_node: NodeHandle,
     kafka_node: NodeHandle,
+    jobs_node: NodeHandle,
     engines: Vec<NodeHandle>,
     consumers: Vec<NodeHandle>,
     violated: Mutex<Option<Violated>>,
@@ -314,7 +339,7 @@ fn activity(cfg: &SimConfig) -> Activity {
         // Opens shortly after the clients start, so skewed engine clocks disagree at the edge.
         start_ms: SIM_EPOCH_MS + 20,
         end_ms: SIM_EPOCH_MS + 3_600_000,
-        pay_timeout_ms: 900_000,
+        pay_timeout_ms: cfg.pay_timeout_ms,
     })
     .expect("simulation activities are valid")
 }
@@ -396,6 +421,16 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         .init(move || serve_kafka(k.clone(), f.clone()))
         .build();
 
+    let (a, f) = (act.clone(), faults.clone());
+    let jobs_addr: SocketAddr = "10.0.4.1:9100".parse().expect("jobs address");
+    let jobs_node = node("jobs", "10.0.4.1");
+    let jobs_node = if cfg.jobs {
+        jobs_node
+            .init(move || crate::nodes::jobs_main(jobs_addr, a.clone(), PARTITIONS, f.clone()))
+            .build()
+    } else {
+        jobs_node.build()
+    };
     let skews = Arc::new(Mutex::new(vec![0i64; cfg.engines]));
     let engines = (0..cfg.engines)
         .map(|i| {
@@ -438,6 +473,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         redis_node,
         mysql_node,
         kafka_node,
+        jobs_node,
         engines,
         consumers,
         violated: Mutex::new(None),
@@ -491,7 +527,7 @@ impl World {
         let mut v = inv::check_safety(snap);
         let confirmed = self.history.lock().expect("history").confirmed.clone();
         v.extend(inv::s4_confirmed_kept(snap, &confirmed));
-        if self.cfg.scenario.checks().s2_redis {
+        if self.cfg.scenario.checks(self.cfg.jobs).s2_redis {
             v.extend(inv::s2_redis_one_reservation_per_user(snap));
             v.extend(inv::s2_redis_fallback_winners_marked(snap));
         }
@@ -640,6 +676,7 @@ impl World {
         match fault {
             Fault::ConsumerCrash => self.down_for(pick(&self.consumers), "consumer_crash", hold).await,
             Fault::EngineCrash => self.down_for(pick(&self.engines), "engine_crash", hold).await,
+            Fault::JobsCrash => self.down_for(self.jobs_node.id(), "jobs_crash", hold).await,
             Fault::BrokerDown => self.down_for(self.kafka_node.id(), "broker_down", hold).await,
             Fault::MysqlUnavailable => {
                 self.down_for(self.mysql_node.id(), "mysql_unavailable", hold)
@@ -690,7 +727,7 @@ impl World {
                     Fault::LedgerConnLoss => ("ledger_conn_loss", |k| k.ledger_conn_loss = 0.2),
                     Fault::MqDuplicate => ("mq_duplicate", |k| k.mq_duplicate = 0.3),
                     Fault::MqDelay => ("mq_delay", |k| k.mq_delay = Duration::from_millis(80)),
-                    Fault::MqRefuse => ("mq_refuse", |k| k.mq_refuse = 0.3),
+                    Fault::MqRefuse => ("mq_refuse", |k| k.mq_refuse = 0.5),
                     Fault::MqAckLost => ("mq_ack_lost", |k| k.mq_ack_lost = 0.3),
                     Fault::MqLoseAfterAck => ("mq_lose_after_ack", |k| k.mq_lose_after_ack = 0.2),
                     Fault::RedisLatency => ("redis_latency", |k| k.redis_latency = Duration::from_millis(60)),
@@ -728,10 +765,15 @@ impl World {
         self.faults.set(|k| *k = Default::default());
         let net = NetSim::current();
         net.update_config(|c| c.packet_loss_rate = 0.0);
-        let all = [&self.redis_node, &self.mysql_node, &self.kafka_node]
-            .into_iter()
-            .chain(&self.engines)
-            .chain(&self.consumers);
+        let all = [
+            &self.redis_node,
+            &self.mysql_node,
+            &self.kafka_node,
+            &self.jobs_node,
+        ]
+        .into_iter()
+        .chain(&self.engines)
+        .chain(&self.consumers);
         for n in all {
             net.unclog_node(n.id());
             if self.handle.is_exit(n.id()) {
@@ -742,26 +784,77 @@ impl World {
     }
 
     /// Wait until the consumers have committed everything on the bus (three looks in a row).
+    /// Wait for quiescence: the bus drained, nothing open or pending in Redis, every cancelled
+    /// unit back, and the activity open on the current Redis epoch — three looks in a row.
     async fn settle(&self) -> bool {
         let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
         let mut quiet = 0;
+        let mut why = String::new();
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            quiet = if self.kafka.lag(GROUP) == 0 { quiet + 1 } else { 0 };
+            why = self.unsettled().await;
+            quiet = if why.is_empty() { quiet + 1 } else { 0 };
             if quiet >= 3 {
-                self.faults.event("settled: bus drained".into());
+                self.faults.event("settled".into());
                 return true;
             }
         }
-        self.faults
-            .event(format!("not settled: lag {}", self.kafka.lag(GROUP)));
+        self.faults.event(format!("not settled: {why}"));
         false
+    }
+
+    /// Why the world is not quiescent yet ("" when it is).
+    async fn unsettled(&self) -> String {
+        let lag = self.kafka.lag(GROUP);
+        if lag > 0 {
+            return format!("bus lag {lag}");
+        }
+        if !self.cfg.jobs {
+            return String::new(); // without the jobs, a drained bus is all that can settle
+        }
+        let view = self.god.cache.snapshot(&self.god.plan).await.expect("in-process");
+        let epoch = self.god.cache.epoch().await.expect("in-process");
+        match &view.meta {
+            Some(m)
+                if m.state == seckill_engine::domain::ActivityState::Open
+                    && m.epoch.as_deref() == Some(&epoch) => {}
+            other => return format!("activity not reopened: {other:?}"),
+        }
+        let open: usize = view.buckets.iter().map(|b| b.open.len() + b.pending.len()).sum();
+        if open > 0 {
+            return format!("{open} reservations or pending marks open");
+        }
+        let released: std::collections::BTreeSet<_> = view
+            .buckets
+            .iter()
+            .flat_map(|b| b.cancelled_released.iter().copied())
+            .collect();
+        let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
+        let unreleased = db
+            .orders
+            .iter()
+            .filter(|o| o.status == seckill_engine::ports::OrderStatus::Cancelled)
+            .filter(|o| !released.contains(&o.reservation.id))
+            .count();
+        if unreleased > 0 {
+            return format!("{unreleased} cancelled units not back");
+        }
+        // Every order ends paid or cancelled by the payment timeout.
+        let unpaid = db
+            .orders
+            .iter()
+            .filter(|o| o.status == seckill_engine::ports::OrderStatus::Created)
+            .count();
+        if unpaid > 0 {
+            return format!("{unpaid} orders awaiting payment or their timeout");
+        }
+        String::new()
     }
 
     async fn final_checks(&self, drained: bool) {
         let snap = self.god.snapshot().await;
         self.record(self.safety(&snap), Verdict::Safety);
-        let checks = self.cfg.scenario.checks();
+        let checks = self.cfg.scenario.checks(self.cfg.jobs);
         let mut live = Vec::new();
         if checks.r1 {
             live.extend(inv::r1_reconciled(&snap));
@@ -774,7 +867,7 @@ impl World {
                 live.push(inv::Violation {
                     invariant: inv::Invariant::L1QueuedResolved,
                     bucket: None,
-                    detail: format!("the bus never drained: lag {}", self.kafka.lag(GROUP)),
+                    detail: format!("never quiescent: {}", self.unsettled().await),
                 });
             }
         }
@@ -787,7 +880,7 @@ impl World {
         let violated = self.violated.lock().expect("violated");
         RunReport {
             config: self.cfg.clone(),
-            checks: self.cfg.scenario.checks(),
+            checks: self.cfg.scenario.checks(self.cfg.jobs),
             verdict: violated.as_ref().map_or(Verdict::Ok, |v| v.verdict),
             violations: violated.as_ref().map_or_else(Vec::new, |v| v.violations.clone()),
             violated_at_ms: violated.as_ref().map(|v| v.at.as_millis() as u64),

@@ -8,8 +8,8 @@
 
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
-    CacheBucket, CacheView, MetaView, PortError, PortResult, ReleaseKind, ReserveOutcome, StockCache,
-    WarmupReport,
+    BucketImage, CacheBucket, CacheView, MetaView, PendingMark, PortError, PortResult, ReleaseKind,
+    ReserveOutcome, StockCache, WarmupReport,
 };
 use std::future::Future;
 use std::sync::OnceLock;
@@ -33,15 +33,17 @@ pub enum Script {
     Release,
     Settle,
     Inspect,
+    Rebuild,
 }
 
 impl Script {
-    pub const ALL: [Script; 5] = [
+    pub const ALL: [Script; 6] = [
         Script::Warmup,
         Script::Reserve,
         Script::Release,
         Script::Settle,
         Script::Inspect,
+        Script::Rebuild,
     ];
 
     pub fn source(self) -> &'static str {
@@ -51,6 +53,7 @@ impl Script {
             Script::Release => include_str!("../../../lua/release.lua"),
             Script::Settle => include_str!("../../../lua/settle.lua"),
             Script::Inspect => include_str!("../../../lua/inspect.lua"),
+            Script::Rebuild => include_str!("../../../lua/rebuild.lua"),
         }
     }
 
@@ -77,6 +80,10 @@ pub trait ScriptConn: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = PortResult<Reply>> + Send;
 
     fn script_load(&self, source: &str) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// The server's run id (`INFO server` → `run_id`), which changes on every restart: how the
+    /// recovery job notices that Redis may have lost data.
+    fn run_id(&self) -> impl Future<Output = PortResult<String>> + Send;
 }
 
 pub fn stock_key(a: ActivityId, b: BucketNo) -> String {
@@ -203,28 +210,6 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         }
     }
 
-    /// After a fallback attempt: keep the own-bucket mark (the user won) or clear it.
-    async fn resolve_pending(
-        &self,
-        plan: &StockPlan,
-        own: BucketNo,
-        user: UserId,
-        keep: bool,
-    ) -> PortResult<()> {
-        let a = plan.activity;
-        let keys = vec![stock_key(a, own), buyers_key(a, own), resv_key(a, own)];
-        let args = vec![
-            "resolve".into(),
-            user.to_string(),
-            if keep { "keep" } else { "clear" }.into(),
-        ];
-        let reply = self.run("reserve", Script::Reserve, keys, args).await?;
-        match tagged("reserve", &reply)? {
-            ("resolved", [Reply::Int(_)]) => Ok(()),
-            _ => Err(bad_reply("reserve", &reply)),
-        }
-    }
-
     /// Planted `NonAtomicReserve`: read in one call, decrement in another, from Rust.
     #[cfg(madsim)]
     async fn planted_non_atomic_reserve(&self, r: &Reservation) -> PortResult<ReserveOutcome> {
@@ -301,9 +286,17 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         for (field, value) in pairs(OP, resv)? {
             if let Some(user) = field.strip_prefix("pending:") {
                 let user = user.parse().map_err(|_| unparsable("pending", &field))?;
-                let rid = value.split('|').next().and_then(|r| r.parse().ok());
-                out.pending
-                    .push((UserId(user), rid.ok_or_else(|| unparsable("pending", &value))?));
+                let mut parts = value.split('|');
+                let (Some(Ok(reservation)), Some(Ok(since_ms))) =
+                    (parts.next().map(str::parse), parts.next().map(str::parse))
+                else {
+                    return Err(unparsable("pending", &value));
+                };
+                out.pending.push(PendingMark {
+                    user: UserId(user),
+                    reservation,
+                    since_ms,
+                });
                 continue;
             }
             let id: ReservationId = field.parse().map_err(|_| unparsable("resv", &field))?;
@@ -353,7 +346,13 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
                 _ => return Err(bad_reply("warmup", &reply)),
             }
         }
-        let args = vec!["meta".into(), plan.version.clone(), plan.buckets().to_string()];
+        let epoch = self.conn.run_id().await?;
+        let args = vec![
+            "meta".into(),
+            plan.version.clone(),
+            plan.buckets().to_string(),
+            epoch,
+        ];
         let reply = self
             .run("warmup", Script::Warmup, vec![meta_key(plan.activity)], args)
             .await?;
@@ -425,7 +424,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             Err(e) if e.is_indeterminate() => return Err(e),
             Err(e) => {
                 // A failed resolve leaves a stale pending mark, which the reconciler clears.
-                let _ = self.resolve_pending(plan, own.bucket, user, false).await;
+                let _ = StockCache::resolve_pending(self, plan, user, false).await;
                 return Err(e);
             }
         };
@@ -437,7 +436,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         };
         // The outcome stands whatever the resolve does: a stale pending mark only blocks this
         // user until the reconciler resolves it, it never moves stock.
-        let _ = self.resolve_pending(plan, own.bucket, user, keep).await;
+        let _ = StockCache::resolve_pending(self, plan, user, keep).await;
         Ok(result)
     }
 
@@ -522,7 +521,65 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             version: version.to_string(),
             buckets: buckets.parse().map_err(|_| bad_reply("meta", &reply))?,
             state: ActivityState::parse(state).ok_or_else(|| bad_reply("meta", &reply))?,
+            epoch: get("epoch").filter(|e| !e.is_empty()).map(str::to_string),
         }))
+    }
+
+    async fn set_state(&self, plan: &StockPlan, state: ActivityState, epoch: Option<&str>) -> PortResult<()> {
+        let args = vec![
+            "state".into(),
+            state.as_str().into(),
+            plan.version.clone(),
+            plan.buckets().to_string(),
+            epoch.unwrap_or("").to_string(),
+        ];
+        let reply = self
+            .run("set state", Script::Warmup, vec![meta_key(plan.activity)], args)
+            .await?;
+        match tagged("set state", &reply)? {
+            ("ok", []) => Ok(()),
+            _ => Err(bad_reply("set state", &reply)),
+        }
+    }
+
+    async fn epoch(&self) -> PortResult<String> {
+        self.conn.run_id().await
+    }
+
+    async fn resolve_pending(&self, plan: &StockPlan, user: UserId, keep: bool) -> PortResult<()> {
+        let (a, own) = (plan.activity, plan.route(user));
+        let keys = vec![stock_key(a, own), buyers_key(a, own), resv_key(a, own)];
+        let args = vec![
+            "resolve".into(),
+            user.to_string(),
+            if keep { "keep" } else { "clear" }.into(),
+        ];
+        let reply = self.run("resolve pending", Script::Reserve, keys, args).await?;
+        match tagged("resolve pending", &reply)? {
+            ("resolved", [Reply::Int(_)]) => Ok(()),
+            _ => Err(bad_reply("resolve pending", &reply)),
+        }
+    }
+
+    async fn rebuild(&self, plan: &StockPlan, bucket: BucketNo, image: &BucketImage) -> PortResult<()> {
+        let mut args = vec![image.stock.to_string(), image.buyers.len().to_string()];
+        args.extend(image.buyers.iter().map(|u| u.to_string()));
+        for (rid, qty) in &image.cancelled_released {
+            args.push(format!("rel:{rid}"));
+            args.push(qty.to_string());
+        }
+        let reply = self
+            .run(
+                "rebuild",
+                Script::Rebuild,
+                bucket_keys(plan.activity, bucket),
+                args,
+            )
+            .await?;
+        match tagged("rebuild", &reply)? {
+            ("rebuilt", [Reply::Int(_), Reply::Int(_)]) => Ok(()),
+            _ => Err(bad_reply("rebuild", &reply)),
+        }
     }
 
     async fn snapshot(&self, plan: &StockPlan) -> PortResult<CacheView> {

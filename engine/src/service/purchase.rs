@@ -195,6 +195,30 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         Ok(())
     }
 
+    /// Re-read every loaded activity's state from `sk:{A}:meta`, so pause / resume / close and
+    /// recovery reach this engine. A missing meta means Redis lost the activity: `recovering`
+    /// until the recovery job rebuilds it. A read error keeps the last known state.
+    pub async fn refresh_states(&self) {
+        let locals: Vec<Arc<LocalActivity>> = {
+            let map = self.inner.activities.read().unwrap_or_else(|p| p.into_inner());
+            map.values().cloned().collect()
+        };
+        for local in locals {
+            if let Ok(meta) = self.inner.cache.meta(local.activity.id()).await {
+                let state = meta.map_or(ActivityState::Recovering, |m| m.state);
+                local.state.store(state_code(state), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Refresh the states every `every`, forever (run it as a task beside the service).
+    pub async fn run_refresher(&self, every: std::time::Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            self.refresh_states().await;
+        }
+    }
+
     fn local(&self, a: ActivityId) -> Option<Arc<LocalActivity>> {
         let map = self.inner.activities.read().unwrap_or_else(|p| p.into_inner());
         map.get(&a).cloned()

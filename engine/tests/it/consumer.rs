@@ -29,7 +29,7 @@ async fn malformed_messages_go_to_the_dead_letters_and_do_not_block() {
             .reservation,
         r
     );
-    assert_eq!(rig.bus.inner.lag(), 0, "both committed");
+    assert_eq!(rig.bus.inner.backlog(), 0, "both committed");
 }
 
 #[tokio::test]

@@ -3,6 +3,7 @@
 mod conformance;
 mod consumer;
 mod demo;
+mod jobs;
 mod pipeline;
 mod purchase;
 mod support;

@@ -157,12 +157,12 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         w.published.push(r);
     }
     for _ in 0..1_000 {
-        if w.b.bus.lag() == 0 {
+        if w.b.bus.backlog() == 0 {
             break;
         }
         w.consumer().await.run_once().await.unwrap();
     }
-    prop_assert_eq!(w.b.bus.lag(), 0);
+    prop_assert_eq!(w.b.bus.backlog(), 0);
     let snap = w.snapshot().await;
     let queued: Vec<String> = w.published.iter().map(|r| r.id.to_string()).collect();
     let mut v = audit::check(&snap, true);

@@ -233,7 +233,7 @@ async fn redis_down_is_a_fast_unavailable_and_moves_nothing() {
     );
     rig.cache.conn().knob.set(Mode::Pass);
     assert_eq!(rig.stocks().await, before);
-    assert_eq!(rig.bus.inner.lag(), 0, "nothing published");
+    assert_eq!(rig.bus.inner.backlog(), 0, "nothing published");
 }
 
 #[tokio::test]

@@ -17,6 +17,8 @@ pub enum Mode {
     FailDeterminate = 1,
     /// The call happens, but the caller hears an error (a lost reply).
     FailAfter = 2,
+    /// The request is lost on the way: nothing happens, and the caller hears a timeout.
+    LostBefore = 3,
 }
 
 #[derive(Clone, Default)]
@@ -30,6 +32,7 @@ impl Knob {
         match self.0.load(Ordering::SeqCst) {
             1 => Mode::FailDeterminate,
             2 => Mode::FailAfter,
+            3 => Mode::LostBefore,
             _ => Mode::Pass,
         }
     }
@@ -55,11 +58,16 @@ impl ScriptConn for TestRedis {
                     "timed out waiting for the reply",
                 ))
             }
+            Mode::LostBefore => Err(PortError::indeterminate("redis", "timed out")),
         }
     }
 
     async fn script_load(&self, source: &str) -> PortResult<()> {
         self.inner.script_load(source).await
+    }
+
+    async fn run_id(&self) -> PortResult<String> {
+        self.inner.run_id().await
     }
 }
 
@@ -94,11 +102,19 @@ impl OrderBus for TestBus {
                     "no ack within message.timeout.ms",
                 ))
             }
+            Mode::LostBefore => Err(PortError::indeterminate(
+                "publish",
+                "no ack within message.timeout.ms",
+            )),
         }
     }
 
     async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
         self.inner.publish_raw(key, payload).await
+    }
+
+    async fn lag(&self, group: &str) -> PortResult<u64> {
+        self.inner.lag(group).await
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<Self::Source> {

@@ -1,27 +1,39 @@
-//! The deterministic fault runs of `cargo sim`: every scenario over a fixed seed range, every
-//! planted bug caught within a few seeds (and the same seeds clean without it), and a world
-//! that replays bit-identically (`MADSIM_TEST_CHECK_DETERMINISM=1`, run by ci/test.sh).
+//! The deterministic fault runs of `cargo sim`: every scenario over a fixed seed range, with and
+//! without the jobs node; every planted bug caught within a few seeds (and the same seeds clean
+//! without it); and a world that replays bit-identically (`MADSIM_TEST_CHECK_DETERMINISM=1`, run
+//! by ci/test.sh).
 
 use seckill_engine::planted::Bug;
 use seckill_sim::world::{self, Scenario, SimConfig, Verdict};
 
 /// Seeds per scenario in `cargo sim`; the nightly soak runs thousands.
-const SEEDS: std::ops::Range<u64> = 1..9;
+const SEEDS: std::ops::Range<u64> = 1..7;
 /// A planted bug must be caught within this many seeds.
 const CATCH_WITHIN: u64 = 5;
 
+fn check(cfg: &SimConfig) {
+    let r = world::run(cfg);
+    assert!(
+        r.verdict == Verdict::Ok,
+        "seed {} {:?} jobs {}: {:?}\n{}\nlast events:\n{}\nreplay: {}",
+        cfg.seed,
+        cfg.scenario,
+        cfg.jobs,
+        r.verdict,
+        r.violations.join("\n"),
+        r.trace.join("\n"),
+        cfg.replay_command()
+    );
+}
+
 fn sweep(scenario: Scenario) {
     for seed in SEEDS {
-        let cfg = SimConfig::small(seed, scenario);
-        let r = world::run(&cfg);
-        assert!(
-            r.verdict == Verdict::Ok,
-            "seed {seed} {scenario:?}: {:?}\n{}\nlast events:\n{}\nreplay: {}",
-            r.verdict,
-            r.violations.join("\n"),
-            r.trace.join("\n"),
-            cfg.replay_command()
-        );
+        for jobs in [true, false] {
+            check(&SimConfig {
+                jobs,
+                ..SimConfig::small(seed, scenario)
+            });
+        }
     }
 }
 
@@ -53,13 +65,17 @@ fn chaos() {
 #[test]
 fn every_planted_bug_is_caught_and_the_same_seeds_pass_clean() {
     for bug in Bug::ALL {
-        let scenario = Scenario::for_bug(bug);
+        let (scenario, jobs) = Scenario::for_bug(bug);
+        let base = |seed| SimConfig {
+            jobs,
+            ..SimConfig::small(seed, scenario)
+        };
         let caught = (1..=CATCH_WITHIN).find(|&seed| {
-            let cfg = SimConfig {
+            let planted = SimConfig {
                 planted: Some(bug),
-                ..SimConfig::small(seed, scenario)
+                ..base(seed)
             };
-            world::run(&cfg).verdict != Verdict::Ok
+            world::run(&planted).verdict != Verdict::Ok
         });
         let Some(seed) = caught else {
             panic!(
@@ -67,14 +83,7 @@ fn every_planted_bug_is_caught_and_the_same_seeds_pass_clean() {
                 bug.name()
             );
         };
-        let clean = world::run(&SimConfig::small(seed, scenario));
-        assert_eq!(
-            clean.verdict,
-            Verdict::Ok,
-            "seed {seed} fails even without {}: {:?}",
-            bug.name(),
-            clean.violations
-        );
+        check(&base(seed));
     }
 }
 

@@ -118,7 +118,7 @@ impl EmbeddedBus {
     }
 
     /// Records published but not yet committed by the group (the consumer lag).
-    pub fn lag(&self) -> u64 {
+    pub fn backlog(&self) -> u64 {
         let st = self.lock();
         st.partitions
             .iter()
@@ -164,6 +164,10 @@ impl OrderBus for EmbeddedBus {
 
     async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
         self.append(key, payload)
+    }
+
+    async fn lag(&self, _group: &str) -> PortResult<u64> {
+        Ok(self.backlog())
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<EmbeddedConsumer> {

@@ -85,6 +85,37 @@ impl LedgerState {
 }
 
 impl Ledger for EmbeddedLedger {
+    async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
+        let mut st = self.lock();
+        let Some(timeout) = st.activities.get(&activity).map(|a| a.spec().pay_timeout_ms) else {
+            return Ok(Vec::new());
+        };
+        let due: Vec<ReservationId> = st
+            .orders
+            .values()
+            .filter(|o| o.reservation.activity == activity && o.status == OrderStatus::Created)
+            .filter(|o| o.reservation.reserved_at_ms.saturating_add(timeout) <= now_ms)
+            .map(|o| o.reservation.id)
+            .collect();
+        let mut cancelled = Vec::with_capacity(due.len());
+        for id in due {
+            let order = st.orders.get_mut(&id).expect("collected from the map");
+            order.status = OrderStatus::Cancelled;
+            let r = order.reservation.clone();
+            if let Some((_, remaining)) = st.buckets.get_mut(&(r.activity, r.bucket)) {
+                *remaining += r.qty as i64;
+            }
+            st.journal.entry(activity).or_default().push(JournalEntry {
+                bucket: r.bucket,
+                kind: JournalKind::Cancel,
+                reference: r.id.to_string(),
+                delta: r.qty as i64,
+            });
+            cancelled.push(r);
+        }
+        Ok(cancelled)
+    }
+
     async fn install(&self, activity: &Activity, plan: &StockPlan) -> PortResult<bool> {
         let mut st = self.lock();
         if st.activities.contains_key(&activity.id()) {

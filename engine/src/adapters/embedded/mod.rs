@@ -39,6 +39,10 @@ impl ScriptConn for EmbeddedRedis {
         Ok(self.model.eval_sha(sha, keys, args))
     }
 
+    async fn run_id(&self) -> PortResult<String> {
+        Ok(self.model.run_id())
+    }
+
     async fn script_load(&self, source: &str) -> PortResult<()> {
         match self.model.script_load(source) {
             Reply::Error(e) => Err(PortError::determinate("script load", e)),

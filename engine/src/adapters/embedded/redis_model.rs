@@ -42,6 +42,8 @@ struct ModelState {
     reseed: Function,
     /// `pcall`, captured before user code can see the globals.
     pcall: Function,
+    /// Incarnations so far: `INFO server` `run_id` changes on every restart, and so does ours.
+    restarts: u64,
 }
 
 impl Default for RedisModel {
@@ -94,6 +96,7 @@ impl RedisModel {
                 scripts: BTreeMap::new(),
                 reseed,
                 pcall,
+                restarts: 0,
             }),
         }
     }
@@ -183,9 +186,15 @@ impl RedisModel {
         ks.clone()
     }
 
+    /// The server's run id (Redis: `INFO server` → `run_id`): new after every restart.
+    pub fn run_id(&self) -> String {
+        format!("{:040x}", self.lock().restarts)
+    }
+
     /// A restart that reloads `keyspace` (an AOF/RDB image): data as saved, script cache empty.
     pub fn restore(&self, keyspace: Keyspace) {
         let mut st = self.lock();
+        st.restarts += 1;
         st.scripts.clear();
         *st.lua
             .app_data_mut::<Keyspace>()
@@ -195,6 +204,7 @@ impl RedisModel {
     /// A restart without persistence: data and script cache are gone.
     pub fn flush_all(&self) {
         let mut st = self.lock();
+        st.restarts += 1;
         st.scripts.clear();
         st.lua
             .app_data_mut::<Keyspace>()

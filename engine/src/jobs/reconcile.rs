@@ -1,0 +1,172 @@
+//! The reconciler: one pass over an activity, comparing Redis with the ledger bucket by bucket.
+//!
+//! - an open reservation the ledger already holds → settle it;
+//! - an open reservation the ledger lacks, older than the grace period → republish it (the
+//!   ledger dedupes by reservation id, so a republish of something in flight is harmless);
+//! - a pending-fallback mark older than the grace period → keep it if its attempt holds a unit
+//!   (open in some bucket, or an order), else clear it;
+//! - a cancelled order whose units are not back in Redis → release it (idempotent);
+//! - what remains of `redis stock + open + sold − transfers in + out − initial` after the above is
+//!   explained is reported as a `Difference` — never "fixed" by guessing.
+//!
+//! It leaves an activity alone while Redis has lost it (no meta or missing stock keys) or it is
+//! recovering: that is the recovery job's.
+
+use crate::domain::{ActivityId, ActivityState, BucketNo, ReservationId, StockPlan};
+use crate::ports::{Ledger, OrderBus, OrderRow, OrderStatus, PortResult, ReleaseKind, StockCache};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+#[derive(Debug, Clone)]
+pub struct ReconcileConfig {
+    /// An open reservation the ledger lacks is republished once it is this old (longer than a
+    /// publish plus a consumer batch normally take).
+    pub republish_after_ms: u64,
+    /// A pending-fallback mark is resolved once it is this old (longer than a fallback attempt
+    /// can take with its timeouts).
+    pub pending_after_ms: u64,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig {
+            republish_after_ms: 2_000,
+            pending_after_ms: 2_000,
+        }
+    }
+}
+
+/// A difference between Redis and the ledger that the reconciler cannot explain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    pub activity: ActivityId,
+    pub bucket: BucketNo,
+    /// Units Redis accounts for beyond the ledger (negative: fewer).
+    pub units: i64,
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "activity {} bucket {}: redis and ledger differ by {:+} units",
+            self.activity, self.bucket, self.units
+        )
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// The pass did nothing: Redis lost the activity or it is recovering.
+    pub skipped: bool,
+    pub settled: u64,
+    pub republished: u64,
+    pub pending_kept: u64,
+    pub pending_cleared: u64,
+    pub cancels_released: u64,
+    /// Actions that failed (retried next pass).
+    pub failed: u64,
+    pub differences: Vec<Difference>,
+}
+
+pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+    now_ms: u64,
+    cfg: &ReconcileConfig,
+) -> PortResult<ReconcileReport> {
+    let mut report = ReconcileReport::default();
+    let view = cache.snapshot(plan).await?;
+    let lost = view.buckets.iter().any(|b| b.stock.is_none());
+    if lost
+        || view
+            .meta
+            .as_ref()
+            .is_none_or(|m| m.state == ActivityState::Recovering)
+    {
+        report.skipped = true;
+        return Ok(report);
+    }
+    let db = ledger.snapshot(plan.activity).await?;
+    let orders: BTreeMap<ReservationId, &OrderRow> =
+        db.orders.iter().map(|o| (o.reservation.id, o)).collect();
+    let open_anywhere: BTreeSet<ReservationId> = view
+        .buckets
+        .iter()
+        .flat_map(|b| b.open.iter().map(|r| r.id))
+        .collect();
+    let ok = |r: PortResult<bool>, count: &mut u64, failed: &mut u64| match r {
+        Ok(true) => *count += 1,
+        Ok(false) => {}
+        Err(_) => *failed += 1,
+    };
+
+    for b in &view.buckets {
+        let stock = b.stock.unwrap_or(0);
+        let mut open_unordered = 0i64;
+        for r in &b.open {
+            match orders.get(&r.id) {
+                Some(_) => ok(cache.settle(r).await, &mut report.settled, &mut report.failed),
+                None => {
+                    open_unordered += r.qty as i64;
+                    if now_ms >= r.reserved_at_ms.saturating_add(cfg.republish_after_ms) {
+                        #[cfg(madsim)]
+                        let r = &if crate::planted::on(crate::planted::Bug::RepublishWithFreshId) {
+                            crate::domain::Reservation {
+                                id: ReservationId(r.id.0 ^ (now_ms as u128) << 64),
+                                ..r.clone()
+                            }
+                        } else {
+                            r.clone()
+                        };
+                        let published = bus.publish(r).await.map(|()| true);
+                        ok(published, &mut report.republished, &mut report.failed);
+                    }
+                }
+            }
+        }
+        for p in b
+            .pending
+            .iter()
+            .filter(|p| now_ms >= p.since_ms.saturating_add(cfg.pending_after_ms))
+        {
+            let keep = open_anywhere.contains(&p.reservation) || orders.contains_key(&p.reservation);
+            let count = if keep {
+                &mut report.pending_kept
+            } else {
+                &mut report.pending_cleared
+            };
+            let resolved = cache.resolve_pending(plan, p.user, keep).await.map(|()| true);
+            ok(resolved, count, &mut report.failed);
+        }
+        let released: BTreeSet<ReservationId> = b.cancelled_released.iter().copied().collect();
+        let mut sold = 0i64;
+        let mut cancel_in_flight = 0i64;
+        for o in db.orders.iter().filter(|o| o.reservation.bucket == b.bucket) {
+            let (r, qty) = (&o.reservation, o.reservation.qty as i64);
+            match o.status {
+                OrderStatus::Created | OrderStatus::Paid => sold += qty,
+                // Units the ledger took back but Redis has not yet: this pass gives them back.
+                OrderStatus::Cancelled if !released.contains(&r.id) && !open_anywhere.contains(&r.id) => {
+                    cancel_in_flight += qty;
+                    let released = cache.release(r, ReleaseKind::Cancelled).await;
+                    ok(released, &mut report.cancels_released, &mut report.failed);
+                }
+                _ => {}
+            }
+        }
+        let units = stock + open_unordered + sold + cancel_in_flight - b.transfers_in as i64
+            + b.transfers_out as i64
+            - plan.initial(b.bucket) as i64;
+        if units != 0 {
+            report.differences.push(Difference {
+                activity: plan.activity,
+                bucket: b.bucket,
+                units,
+            });
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,278 @@
+//! The self-healing jobs on the embedded backend: reconciler, payment timeout, recovery.
+
+use crate::purchase::{rig, Rig, A};
+use crate::support::Mode;
+use seckill_engine::adapters::embedded::exec;
+use seckill_engine::adapters::script::{buyers_key, resv_key, stock_key, Script};
+use seckill_engine::domain::{ActivityState, BucketNo, UserId};
+use seckill_engine::jobs::{cancel_unpaid, reconcile, recover_if_needed, ReconcileConfig, RecoveryConfig};
+use seckill_engine::ports::{Ledger, OrderStatus, PayOutcome, StockCache};
+use seckill_engine::service::{OrderState, PurchaseOutcome};
+use std::time::Duration;
+
+const LATER: u64 = 1_500 + 3_000;
+
+async fn reconcile_at(rig: &Rig, now_ms: u64) -> seckill_engine::jobs::ReconcileReport {
+    reconcile(
+        &rig.cache,
+        &rig.ledger,
+        &rig.bus,
+        &rig.plan,
+        now_ms,
+        &ReconcileConfig::default(),
+    )
+    .await
+    .unwrap()
+}
+
+fn redis(rig: &Rig, argv: &[&str]) {
+    let argv: Vec<Vec<u8>> = argv.iter().map(|a| a.as_bytes().to_vec()).collect();
+    rig.cache.conn().inner.model().command(&argv);
+}
+
+fn recovery() -> RecoveryConfig {
+    RecoveryConfig {
+        quiesce: Duration::ZERO,
+        drain_timeout: Duration::from_secs(1),
+        group: "test".into(),
+    }
+}
+
+#[tokio::test]
+async fn reconciler_settles_what_the_ledger_holds_and_republishes_what_it_lacks() {
+    let rig = rig(10, 2, 0, 1_500).await;
+    // u1's publish is lost on the way: queued, open in Redis, nowhere on the bus.
+    rig.bus.knob.set(Mode::LostBefore);
+    let PurchaseOutcome::Queued(lost) = rig.buy(UserId(1)).await else {
+        panic!()
+    };
+    rig.bus.knob.set(Mode::Pass);
+    // u2's order reached the ledger but its settle never ran.
+    let PurchaseOutcome::Queued(unsettled) = rig.buy(UserId(2)).await else {
+        panic!()
+    };
+    rig.ledger.apply(std::slice::from_ref(&unsettled)).await.unwrap();
+
+    let early = reconcile_at(&rig, 1_600).await;
+    assert_eq!(
+        (early.settled, early.republished),
+        (1, 0),
+        "too young to republish: {early:?}"
+    );
+    let report = reconcile_at(&rig, LATER).await;
+    assert_eq!(
+        (report.settled, report.republished),
+        (0, 1),
+        "u1 only: {report:?}"
+    );
+    assert!(report.differences.is_empty(), "{report:?}");
+    rig.drain().await;
+    assert_eq!(rig.status(UserId(1)).await, OrderState::Created);
+    let again = reconcile_at(&rig, LATER).await;
+    assert_eq!((again.settled, again.republished), (0, 0), "{again:?}");
+    assert_eq!(
+        rig.ledger
+            .order_of(A, UserId(1))
+            .await
+            .unwrap()
+            .unwrap()
+            .reservation,
+        lost
+    );
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_stale_pending_mark_is_cleared_and_a_winning_one_kept() {
+    let rig = rig(10, 1, 20, 1_500).await; // bucket 0: 8, fallback: 2
+    let own = BucketNo(0);
+    redis(&rig, &["SET", &stock_key(A, own), "0"]); // empty the own bucket by hand
+                                                    // An engine died between the own-bucket "pending" and its fallback attempt.
+    let keys = [stock_key(A, own), buyers_key(A, own), resv_key(A, own)];
+    let mut argv = vec!["EVAL", Script::Reserve.source(), "3"];
+    argv.extend(keys.iter().map(String::as_str));
+    argv.extend([
+        "own",
+        "7",
+        "1",
+        "00000000000000000000000000000abc",
+        "1500",
+        "0",
+        "1",
+    ]);
+    redis(&rig, &argv);
+    assert!(
+        rig.cache.holds(&rig.plan, UserId(7)).await.unwrap(),
+        "pending mark set"
+    );
+    let report = reconcile_at(&rig, LATER).await;
+    assert_eq!(
+        (report.pending_cleared, report.pending_kept),
+        (1, 0),
+        "{report:?}"
+    );
+    assert!(
+        !rig.cache.holds(&rig.plan, UserId(7)).await.unwrap(),
+        "the user may try again"
+    );
+    assert!(
+        matches!(rig.buy(UserId(7)).await, PurchaseOutcome::Queued(r) if r.bucket == rig.plan.fallback_bucket())
+    );
+}
+
+#[tokio::test]
+async fn payment_timeout_cancels_once_and_gives_the_unit_back_to_its_bucket() {
+    let rig = rig(10, 2, 0, 1_500).await;
+    let PurchaseOutcome::Queued(r) = rig.buy(UserId(1)).await else {
+        panic!()
+    };
+    let PurchaseOutcome::Queued(paid) = rig.buy(UserId(2)).await else {
+        panic!()
+    };
+    rig.drain().await;
+    rig.ledger.pay(paid.id).await.unwrap();
+    let before = rig.stocks().await;
+    let due = 1_500 + 60_000;
+    assert_eq!(
+        cancel_unpaid(&rig.cache, &rig.ledger, &rig.plan, due - 1)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        cancel_unpaid(&rig.cache, &rig.ledger, &rig.plan, due)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        cancel_unpaid(&rig.cache, &rig.ledger, &rig.plan, due)
+            .await
+            .unwrap(),
+        0,
+        "once"
+    );
+    let mut after = before.clone();
+    after[r.bucket.0 as usize] = after[r.bucket.0 as usize].map(|s| s + 1);
+    assert_eq!(rig.stocks().await, after, "back to the reservation's own bucket");
+    assert_eq!(
+        rig.ledger.pay(r.id).await.unwrap(),
+        PayOutcome::NotPayable(OrderStatus::Cancelled)
+    );
+    assert_eq!(rig.status(UserId(1)).await, OrderState::Cancelled);
+    assert!(reconcile_at(&rig, due).await.differences.is_empty());
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn the_reconciler_gives_back_a_cancel_whose_release_was_lost() {
+    let rig = rig(10, 1, 0, 1_500).await;
+    rig.buy(UserId(1)).await;
+    rig.drain().await;
+    // The ledger cancelled, then the job died before the Redis release.
+    assert_eq!(
+        rig.ledger.cancel_unpaid(A, 1_500 + 60_000).await.unwrap().len(),
+        1
+    );
+    assert_eq!(rig.stocks().await[0], Some(9));
+    let report = reconcile_at(&rig, 1_500 + 60_000).await;
+    assert_eq!(report.cancels_released, 1);
+    assert!(
+        report.differences.is_empty(),
+        "explained, not a difference: {report:?}"
+    );
+    assert_eq!(rig.stocks().await[0], Some(10));
+    assert_eq!(
+        reconcile_at(&rig, 1_500 + 60_000).await.cancels_released,
+        0,
+        "exactly once"
+    );
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn an_unexplained_difference_is_reported_never_fixed() {
+    let rig = rig(10, 2, 0, 1_500).await;
+    redis(&rig, &["INCRBY", &stock_key(A, BucketNo(1)), "5"]);
+    let report = reconcile_at(&rig, LATER).await;
+    assert_eq!(report.differences.len(), 1);
+    assert_eq!(
+        report.differences[0].to_string(),
+        "activity 1 bucket 1: redis and ledger differ by +5 units"
+    );
+    assert_eq!(rig.stocks().await[1], Some(10), "stock left as it was");
+}
+
+#[tokio::test]
+async fn recovery_rebuilds_redis_after_it_lost_everything() {
+    let rig = rig(10, 2, 0, 1_500).await;
+    for u in 1..=3 {
+        assert!(matches!(rig.buy(UserId(u)).await, PurchaseOutcome::Queued(_)));
+    }
+    rig.drain().await;
+    assert_eq!(
+        recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery())
+            .await
+            .unwrap(),
+        None
+    );
+    rig.cache.conn().inner.model().flush_all();
+    assert!(matches!(
+        rig.buy(UserId(9)).await,
+        PurchaseOutcome::Unavailable { .. }
+    ));
+    rig.service.refresh_states().await;
+    assert!(
+        matches!(rig.buy(UserId(9)).await, PurchaseOutcome::Unavailable { reason } if reason.contains("recovering"))
+    );
+
+    let report = recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery())
+        .await
+        .unwrap()
+        .expect("a restart was detected");
+    assert_eq!((report.stock, report.buyers), (7, 3));
+    rig.service.refresh_states().await;
+    assert_eq!(
+        rig.buy(UserId(2)).await,
+        PurchaseOutcome::Duplicate,
+        "buyer marks rebuilt"
+    );
+    assert!(matches!(rig.buy(UserId(9)).await, PurchaseOutcome::Queued(_)));
+    rig.drain().await;
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+    let meta = rig.cache.meta(A).await.unwrap().unwrap();
+    assert_eq!(
+        (meta.state, meta.epoch),
+        (ActivityState::Open, Some(rig.cache.epoch().await.unwrap()))
+    );
+}
+
+#[tokio::test]
+async fn recovery_repairs_stale_stock_after_an_aof_window_loss() {
+    let rig = rig(10, 1, 0, 1_500).await;
+    rig.buy(UserId(1)).await;
+    rig.drain().await;
+    let image = rig.cache.conn().inner.model().dump(); // the last fsync
+    for u in 2..=4 {
+        rig.buy(UserId(u)).await;
+    }
+    rig.drain().await;
+    rig.cache.conn().inner.model().restore(image); // restart: the window after the fsync is lost
+    assert_eq!(rig.stocks().await[0], Some(9), "stale: three sold units are back");
+    assert!(
+        recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(rig.stocks().await[0], Some(6));
+    rig.service.refresh_states().await;
+    assert_eq!(rig.buy(UserId(3)).await, PurchaseOutcome::Duplicate);
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+    // the `exec` helper stays usable on dumped keyspaces (for differential tests)
+    let mut ks = rig.cache.conn().inner.model().dump();
+    assert_eq!(
+        exec(&mut ks, &[b"DBSIZE".to_vec()]),
+        seckill_engine::adapters::script::Reply::Int(ks.len() as i64)
+    );
+}
