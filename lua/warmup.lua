@@ -10,6 +10,9 @@
 -- op "state":  KEYS[1] sk:{A}:meta   ARGV[2] state  ARGV[3] plan version  ARGV[4] bucket count
 --              ARGV[5] epoch ("" keeps the current one)   -> {"ok"}
 --   Sets open / paused / recovering / closed; recreates the meta hash if Redis lost it.
+-- op "moved":  KEYS[1] sk:{A}:meta   -> {"ok", n}
+--   Counts a rebalancing round (field `moves`): engines that see it change forget their local
+--   sold-out flags, so units moved into a drained bucket are offered again.
 -- The engine warms every bucket first and the meta hash last, so `state=open` means "all warm".
 local op = ARGV[1]
 if op == "bucket" then
@@ -47,5 +50,7 @@ elseif op == "state" then
     redis.call("HSET", KEYS[1], "epoch", ARGV[5])
   end
   return {"ok"}
+elseif op == "moved" then
+  return {"ok", redis.call("HINCRBY", KEYS[1], "moves", 1)}
 end
 return redis.error_reply("ERR warmup: unknown op " .. tostring(op))

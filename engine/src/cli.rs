@@ -53,6 +53,9 @@ struct DemoArgs {
     /// Requests in flight at once.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     concurrency: u32,
+    /// Do not rebalance stock between buckets during the sale.
+    #[arg(long = "no-rebalance")]
+    no_rebalance: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -84,6 +87,7 @@ fn run_demo(args: DemoArgs) -> ExitCode {
         skew: args.skew,
         clicks_per_user: args.clicks_per_user,
         concurrency: args.concurrency as usize,
+        rebalance: !args.no_rebalance,
     };
     let wall_now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -159,6 +163,14 @@ fn print_table(cfg: &DemoConfig, r: &DemoReport, secs: f64) {
         "consumer: {} redelivered, {} duplicate buyers released, {} dead-lettered",
         r.redelivered, r.duplicate_buyers, r.dead_lettered
     );
+    if cfg.rebalance {
+        println!(
+            "rebalancer: {} transfers, {} units moved",
+            r.transfers, r.units_moved
+        );
+    } else {
+        println!("rebalancer: off");
+    }
     println!(
         "elapsed {:.2} s ({:.0} requests/s)",
         secs,

@@ -13,7 +13,7 @@ use crate::domain::{
 };
 use crate::ports::{
     ApplyOutcome, BucketImage, JournalKind, Ledger, OrderBus, OrderSource, OrderStatus, PayOutcome,
-    ReleaseKind, ReserveOutcome, StockCache,
+    ReleaseKind, ReserveOutcome, StockCache, Transfer,
 };
 use std::future::Future;
 
@@ -230,6 +230,7 @@ where
             stock: 2,
             buyers: vec![users[1]],
             cancelled_released: vec![(a.id, 1)],
+            ..Default::default()
         };
         c.rebuild(&plan, BucketNo(0), &image).await.unwrap();
         let b0 = &c.snapshot(&plan).await.unwrap().buckets[0];
@@ -253,6 +254,47 @@ where
             c.meta(plan.activity).await.unwrap().unwrap().epoch.as_deref(),
             Some("e2")
         );
+    }
+
+    // transfers: take / give / ack, each idempotent; a take never overdraws.
+    {
+        let c = make().await;
+        let plan = fresh(10, 2, 0); // 5 + 5
+        c.warmup(&plan).await.unwrap();
+        let t = Transfer {
+            id: "t-1".into(),
+            from: BucketNo(0),
+            to: BucketNo(1),
+            units: 3,
+        };
+        assert!(c.take(&plan, &t).await.unwrap());
+        assert!(c.take(&plan, &t).await.unwrap(), "take is idempotent");
+        let too_much = Transfer {
+            id: "t-2".into(),
+            units: 3,
+            ..t.clone()
+        };
+        assert!(!c.take(&plan, &too_much).await.unwrap(), "only 2 left: short");
+        let view = c.snapshot(&plan).await.unwrap();
+        assert_eq!(
+            (view.buckets[0].stock, view.buckets[0].transfers_out),
+            (Some(2), 3)
+        );
+        assert_eq!(
+            view.buckets[0].transfers_in_flight,
+            vec![t.clone()],
+            "taken, not acknowledged"
+        );
+        c.give(&plan, &t).await.unwrap();
+        c.give(&plan, &t).await.unwrap();
+        c.ack(&plan, &t).await.unwrap();
+        let view = c.snapshot(&plan).await.unwrap();
+        assert_eq!(
+            (view.buckets[1].stock, view.buckets[1].transfers_in),
+            (Some(8), 3),
+            "given once"
+        );
+        assert!(view.buckets[0].transfers_in_flight.is_empty(), "acknowledged");
     }
 
     // release and settle: each kind, each idempotent.
@@ -578,4 +620,35 @@ where
         l.pay(unpaid.id).await.unwrap(),
         PayOutcome::NotPayable(OrderStatus::Cancelled)
     );
+
+    // transfers move ledger stock once, with a journal row on each side
+    let act = activity(first_activity + 2, 10, 2, 0); // 5 + 5
+    let plan = StockPlan::new(&act);
+    l.install(&act, &plan).await.unwrap();
+    let t = Transfer {
+        id: "t-9".into(),
+        from: BucketNo(0),
+        to: BucketNo(1),
+        units: 4,
+    };
+    assert!(l.transfer(act.id(), &t).await.unwrap());
+    assert!(!l.transfer(act.id(), &t).await.unwrap(), "idempotent by id");
+    let over = Transfer {
+        id: "t-10".into(),
+        units: 2,
+        ..t.clone()
+    };
+    assert!(
+        l.transfer(act.id(), &over).await.is_err(),
+        "the source has 1 unit left"
+    );
+    let view = l.snapshot(act.id()).await.unwrap();
+    assert_eq!((view.buckets[0].remaining, view.buckets[1].remaining), (1, 9));
+    let rows: Vec<i64> = view
+        .journal
+        .iter()
+        .filter(|j| j.kind == JournalKind::Transfer)
+        .map(|j| j.delta)
+        .collect();
+    assert_eq!(rows, vec![-4, 4]);
 }

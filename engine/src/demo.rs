@@ -9,6 +9,7 @@
 use crate::adapters::embedded::EmbeddedBackend;
 use crate::clock::Clock;
 use crate::domain::{Activity, ActivityId, ActivitySpec, BucketRouter, InvalidField, StockPlan, UserId};
+use crate::jobs::{rebalance, RebalanceConfig};
 use crate::ports::{Ledger, OrderBus, PortError, StockCache};
 use crate::service::consumer::DEFAULT_MAX_BATCH;
 use crate::service::{audit, OrderConsumer, PurchaseConfig, PurchaseOutcome, PurchaseService};
@@ -19,7 +20,6 @@ use seckill_invariants as inv;
 use serde::Serialize;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use tokio::sync::Semaphore;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoConfig {
@@ -34,6 +34,8 @@ pub struct DemoConfig {
     pub clicks_per_user: u32,
     /// Requests in flight at once.
     pub concurrency: usize,
+    /// Run the rebalancer between waves of requests.
+    pub rebalance: bool,
 }
 
 impl Default for DemoConfig {
@@ -47,6 +49,7 @@ impl Default for DemoConfig {
             skew: 0.0,
             clicks_per_user: 3,
             concurrency: 256,
+            rebalance: true,
         }
     }
 }
@@ -65,6 +68,9 @@ pub struct DemoReport {
     pub redelivered: u64,
     pub duplicate_buyers: u64,
     pub dead_lettered: u64,
+    /// Rebalancing transfers made, and the units they moved.
+    pub transfers: u64,
+    pub units_moved: u64,
     pub violations: Vec<String>,
     pub verdict: String,
 }
@@ -144,35 +150,50 @@ pub async fn run(
     let consumer_task = tokio::spawn(async move { consumer.run(&consumer_stop).await });
 
     let clicks = workload(cfg, &mut rng);
-    let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
     let on_answer = Arc::new(on_answer);
-    let mut tasks = Vec::with_capacity(clicks.len());
-    for user in clicks {
-        let permit = permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let (service, on_answer) = (service.clone(), on_answer.clone());
-        tasks.push(tokio::spawn(async move {
-            let outcome = service.purchase(ActivityId(1), user, 1).await;
-            drop(permit);
-            on_answer();
-            outcome
-        }));
-    }
     let mut report = DemoReport::default();
     let mut queued = Vec::new();
-    for t in tasks {
-        report.requests += 1;
-        match t.await.expect("purchase tasks do not panic") {
-            Ok(PurchaseOutcome::Queued(r)) => {
-                report.queued += 1;
-                queued.push(r.id.to_string());
+    // Waves of `concurrency` requests in flight; between waves (when asked) one rebalancing pass,
+    // after which the service refreshes its view (moved units are offered again). Waves keep the
+    // interleaving a function of the seed.
+    for wave in clicks.chunks(cfg.concurrency.max(1)) {
+        let tasks: Vec<_> = wave
+            .iter()
+            .map(|&user| {
+                let (service, on_answer) = (service.clone(), on_answer.clone());
+                tokio::spawn(async move {
+                    let outcome = service.purchase(ActivityId(1), user, 1).await;
+                    on_answer();
+                    outcome
+                })
+            })
+            .collect();
+        for t in tasks {
+            report.requests += 1;
+            match t.await.expect("purchase tasks do not panic") {
+                Ok(PurchaseOutcome::Queued(r)) => {
+                    report.queued += 1;
+                    queued.push(r.id.to_string());
+                }
+                Ok(PurchaseOutcome::Duplicate) => report.duplicate += 1,
+                Ok(PurchaseOutcome::SoldOut) => report.sold_out += 1,
+                Ok(_) | Err(_) => report.unavailable += 1,
             }
-            Ok(PurchaseOutcome::Duplicate) => report.duplicate += 1,
-            Ok(PurchaseOutcome::SoldOut) => report.sold_out += 1,
-            Ok(_) | Err(_) => report.unavailable += 1,
+        }
+        if cfg.rebalance {
+            let moved = rebalance(
+                &backend.cache,
+                &backend.ledger,
+                &plan,
+                clock.now_ms(),
+                &RebalanceConfig::default(),
+            )
+            .await?;
+            report.transfers += moved.len() as u64;
+            report.units_moved += moved.iter().map(|t| t.units).sum::<u64>();
+            if !moved.is_empty() {
+                service.refresh_states().await;
+            }
         }
     }
 

@@ -31,10 +31,12 @@ pub enum Bug {
     RebuildWhileInFlight,
     /// The reconciler republishes an open reservation under a fresh id (the ledger cannot dedupe).
     RepublishWithFreshId,
+    /// A rebalancing `give` is not idempotent: finishing a transfer twice gives its units twice.
+    NonIdempotentGive,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 11] = [
+    pub const ALL: [Bug; 12] = [
         Bug::NonAtomicReserve,
         Bug::AckBeforeCommit,
         Bug::ReleaseToRoutedBucket,
@@ -46,6 +48,7 @@ impl Bug {
         Bug::CancelReleaseToRoutedBucket,
         Bug::RebuildWhileInFlight,
         Bug::RepublishWithFreshId,
+        Bug::NonIdempotentGive,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +64,7 @@ impl Bug {
             Bug::CancelReleaseToRoutedBucket => "cancel_release_to_routed_bucket",
             Bug::RebuildWhileInFlight => "rebuild_while_in_flight",
             Bug::RepublishWithFreshId => "republish_with_fresh_id",
+            Bug::NonIdempotentGive => "non_idempotent_give",
         }
     }
 

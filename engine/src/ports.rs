@@ -88,6 +88,8 @@ pub struct MetaView {
     pub state: ActivityState,
     /// The Redis run id at the last warmup or rebuild; `None` if never recorded.
     pub epoch: Option<String>,
+    /// Rebalancing rounds so far (engines drop their sold-out flags when it changes).
+    pub moves: u64,
 }
 
 /// A pending-fallback mark: the user's own bucket was empty and a fallback attempt started.
@@ -96,6 +98,15 @@ pub struct PendingMark {
     pub user: UserId,
     pub reservation: ReservationId,
     pub since_ms: u64,
+}
+
+/// Units moved from one bucket to another by the rebalancer; `id` makes every step idempotent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    pub id: String,
+    pub from: BucketNo,
+    pub to: BucketNo,
+    pub units: u64,
 }
 
 /// What a bucket is rebuilt to after Redis lost data: computed from the ledger.
@@ -108,6 +119,10 @@ pub struct BucketImage {
     /// Cancelled orders of this bucket whose units are already back (keeps `cancelled`
     /// releases idempotent across the rebuild).
     pub cancelled_released: Vec<(ReservationId, u32)>,
+    /// Units the ledger moved into / out of this bucket by transfers (kept in xfer so that
+    /// `stock + open + sold − in + out = initial` still holds after the rebuild).
+    pub transfers_in: u64,
+    pub transfers_out: u64,
 }
 
 /// One bucket's keys as read back, for audit, invariants and the reconciler.
@@ -125,6 +140,8 @@ pub struct CacheBucket {
     pub transfers_out: u64,
     /// Reservations whose cancelled order's units came back here.
     pub cancelled_released: Vec<ReservationId>,
+    /// Transfers taken from this bucket and not yet acknowledged (given and recorded everywhere).
+    pub transfers_in_flight: Vec<Transfer>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,6 +194,18 @@ pub trait StockCache: Clone + Send + Sync + 'static {
         user: UserId,
         keep: bool,
     ) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Take `t.units` from `t.from` for a transfer (idempotent by id). `Ok(false)`: not enough stock.
+    fn take(&self, plan: &StockPlan, t: &Transfer) -> impl Future<Output = PortResult<bool>> + Send;
+
+    /// Give the transfer's units to `t.to` (idempotent by id).
+    fn give(&self, plan: &StockPlan, t: &Transfer) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Mark the transfer complete on its source bucket.
+    fn ack(&self, plan: &StockPlan, t: &Transfer) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Record that units moved (bumps `moves` in the meta): engines re-offer drained buckets.
+    fn note_moves(&self, activity: ActivityId) -> impl Future<Output = PortResult<()>> + Send;
 
     /// Replace one bucket's keys with `image` (recovery only: nothing may be in flight).
     fn rebuild(
@@ -316,6 +345,10 @@ pub trait Ledger: Clone + Send + Sync + 'static {
     fn apply(&self, batch: &[Reservation]) -> impl Future<Output = PortResult<Vec<ApplyOutcome>>> + Send;
 
     fn pay(&self, id: ReservationId) -> impl Future<Output = PortResult<PayOutcome>> + Send;
+
+    /// Move `t.units` of ledger stock between buckets with two `transfer` journal rows; idempotent
+    /// by transfer id (`Ok(false)`: already done). The source must have the units.
+    fn transfer(&self, activity: ActivityId, t: &Transfer) -> impl Future<Output = PortResult<bool>> + Send;
 
     /// The user's order in this activity, whatever its status.
     fn order_of(

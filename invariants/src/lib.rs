@@ -44,6 +44,8 @@ pub struct BucketState {
     pub ledger_remaining: Option<i64>,
     /// Sum of this bucket's `stock_journal` deltas (negative for orders, positive for cancels).
     pub journal_delta: i64,
+    /// Net units the ledger moved into this bucket by transfers (its `transfer` journal rows).
+    pub ledger_transfers_net: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -89,6 +91,7 @@ pub enum Invariant {
     S4ConfirmedOrderKept,
     R1Reconciled,
     L1QueuedResolved,
+    L2BoundedUndersell,
 }
 
 impl Invariant {
@@ -100,6 +103,7 @@ impl Invariant {
             Invariant::S4ConfirmedOrderKept => "S4",
             Invariant::R1Reconciled => "R1",
             Invariant::L1QueuedResolved => "L1",
+            Invariant::L2BoundedUndersell => "L2",
         }
     }
 }
@@ -113,6 +117,7 @@ impl fmt::Display for Invariant {
             Invariant::S4ConfirmedOrderKept => "no confirmed order lost",
             Invariant::R1Reconciled => "reconciliation",
             Invariant::L1QueuedResolved => "every queued request resolved",
+            Invariant::L2BoundedUndersell => "bounded undersell",
         };
         write!(f, "{} {}", self.code(), name)
     }
@@ -198,7 +203,8 @@ pub fn s1_no_oversell(s: &Snapshot) -> Vec<Violation> {
             ));
         }
         let units = sold.get(&b.bucket).copied().unwrap_or(0) as i64;
-        let moved = b.transfers_in as i64 - b.transfers_out as i64;
+        // The ledger's own transfers: Redis may be mid-transfer while the ledger is not (or back).
+        let moved = b.ledger_transfers_net;
         let taken = initial as i64 - remaining;
         if taken != units - moved {
             out.push(violation(
@@ -440,6 +446,26 @@ pub fn l1_nothing_open(s: &Snapshot) -> Vec<Violation> {
         .collect()
 }
 
+/// R1, its sharpest symptom: no order failed for lack of ledger stock. Redis only reserves what
+/// the ledger still has, so an `OutOfStock` order means Redis promised a unit that did not exist —
+/// expected only after Redis lost data, so callers enable it where Redis loses nothing.
+pub fn r1_no_failed_orders(s: &Snapshot) -> Vec<Violation> {
+    s.orders
+        .iter()
+        .filter(|o| o.status == OrderStatus::Failed)
+        .map(|o| {
+            violation(
+                Invariant::R1Reconciled,
+                Some(o.bucket),
+                format!(
+                    "order {} of user {} failed: redis promised a unit the ledger did not have",
+                    o.reservation, o.user
+                ),
+            )
+        })
+        .collect()
+}
+
 /// A short verdict line: `ok`, or `VIOLATED S1,R1`.
 pub fn verdict(violations: &[Violation]) -> String {
     if violations.is_empty() {
@@ -663,6 +689,36 @@ mod tests {
         assert_eq!(v[0].bucket, Some(1));
         s.buckets[1].open.clear();
         assert_eq!(l1_nothing_open(&s), vec![]);
+    }
+
+    #[test]
+    fn s1_uses_the_ledgers_own_transfers() {
+        let mut s = healthy();
+        // the ledger moved two units out of bucket 0: remaining 1, journal -2 orders -2 transfer
+        s.buckets[0].ledger_remaining = Some(1);
+        s.buckets[0].journal_delta = -4;
+        assert_eq!(
+            codes(&s1_no_oversell(&s)),
+            vec!["S1"],
+            "unexplained without the transfer"
+        );
+        s.buckets[0].ledger_transfers_net = -2;
+        assert_eq!(s1_no_oversell(&s), vec![]);
+    }
+
+    #[test]
+    fn r1_no_failed_orders_catches_a_unit_redis_promised_twice() {
+        let s = healthy();
+        let v = r1_no_failed_orders(&s);
+        assert_eq!(codes(&v), vec!["R1"]);
+        assert!(
+            v[0].detail.contains("order f of user 9 failed"),
+            "{}",
+            v[0].detail
+        );
+        let mut s = s;
+        s.orders.retain(|o| o.status != OrderStatus::Failed);
+        assert_eq!(r1_no_failed_orders(&s), vec![]);
     }
 
     #[test]

@@ -111,6 +111,8 @@ mod app {
                 Scenario::ProducerFaults,
                 Scenario::RedisLoss,
                 Scenario::Chaos,
+                Scenario::Skewed,
+                Scenario::LostRecords,
             ]));
         }
         <Scenario as clap::ValueEnum>::from_str(s, false).map(|sc| Scenarios(vec![sc]))

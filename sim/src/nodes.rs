@@ -85,7 +85,8 @@ pub async fn jobs_main(
     faults: Arc<crate::faults::Faults>,
 ) {
     use seckill_engine::jobs::{
-        cancel_unpaid, reconcile, recover_if_needed, ReconcileConfig, RecoveryConfig,
+        cancel_unpaid, rebalance, reconcile, recover_if_needed, RebalanceConfig, ReconcileConfig,
+        RecoveryConfig,
     };
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind jobs"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
@@ -116,11 +117,33 @@ pub async fn jobs_main(
                 continue;
             }
         }
-        if let Ok(r) = reconcile(&cache, &ledger, &bus, &plan, clock.now_ms(), &reconcile_cfg).await {
-            if r.settled + r.republished + r.pending_kept + r.pending_cleared + r.cancels_released > 0 {
+        if let Ok(moved) = rebalance(
+            &cache,
+            &ledger,
+            &plan,
+            clock.now_ms(),
+            &RebalanceConfig::default(),
+        )
+        .await
+        {
+            for t in moved {
                 faults.event(format!(
-                    "reconciler: settled {} republished {} pending {}/{} cancels {}",
-                    r.settled, r.republished, r.pending_kept, r.pending_cleared, r.cancels_released
+                    "rebalanced {} units from bucket {} to {}",
+                    t.units, t.from, t.to
+                ));
+            }
+        }
+        if let Ok(r) = reconcile(&cache, &ledger, &bus, &plan, clock.now_ms(), &reconcile_cfg).await {
+            let acted = r.settled + r.republished + r.pending_kept + r.pending_cleared;
+            if acted + r.cancels_released + r.transfers_finished > 0 {
+                faults.event(format!(
+                    "reconciler: settled {} republished {} pending {}/{} cancels {} transfers {}",
+                    r.settled,
+                    r.republished,
+                    r.pending_kept,
+                    r.pending_cleared,
+                    r.cancels_released,
+                    r.transfers_finished
                 ));
             }
             for d in &r.differences {

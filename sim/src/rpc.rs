@@ -89,6 +89,13 @@ pub struct CancelUnpaid {
 request!(CancelUnpaid => Result<Vec<Reservation>, PortError>, 0x5e16);
 
 #[derive(Serialize, Deserialize)]
+pub struct LedgerTransfer {
+    pub activity: ActivityId,
+    pub transfer: seckill_engine::ports::Transfer,
+}
+request!(LedgerTransfer => Result<bool, PortError>, 0x5e17);
+
+#[derive(Serialize, Deserialize)]
 pub struct Pay {
     pub id: ReservationId,
 }

@@ -207,6 +207,11 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
         async move { l.cancel_unpaid(req.activity, req.now_ms).await }
     });
     let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::LedgerTransfer| {
+        let l = l.clone();
+        async move { l.transfer(req.activity, &req.transfer).await }
+    });
+    let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::Pay| {
         let l = l.clone();
         async move { l.pay(req.id).await }
@@ -270,6 +275,14 @@ impl Ledger for SimLedger {
 
     async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
         self.call("pay", rpc::Pay { id }).await
+    }
+
+    async fn transfer(&self, activity: ActivityId, t: &seckill_engine::ports::Transfer) -> PortResult<bool> {
+        let req = rpc::LedgerTransfer {
+            activity,
+            transfer: t.clone(),
+        };
+        self.call("transfer", req).await
     }
 
     async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {

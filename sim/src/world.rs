@@ -50,6 +50,11 @@ pub enum Scenario {
     RedisLoss,
     /// The whole catalog, including faults only the reconciler can heal.
     Chaos,
+    /// Records lost after their ack: only the reconciler's republish gets those orders through.
+    LostRecords,
+    /// Demand barely above stock and crowded onto a few buckets, every order paid, the jobs
+    /// node crashing now and then: only rebalancing sells the cold buckets' units (L2).
+    Skewed,
 }
 
 /// Every fault type the nemesis knows (DESIGN §9).
@@ -77,10 +82,12 @@ enum Fault {
     PacketLoss,
 }
 
+// Unknown commits and crashes weigh double: they are what redeliver records mid-stream.
 const CONSUMER_FAULTS: &[Fault] = &[
     Fault::ConsumerCrash,
-    Fault::JobsCrash,
+    Fault::ConsumerCrash,
     Fault::LedgerLockWait,
+    Fault::LedgerCommitUnknown,
     Fault::LedgerCommitUnknown,
     Fault::LedgerConnLoss,
     Fault::MqDuplicate,
@@ -131,6 +138,8 @@ pub struct Checks {
     pub l1: bool,
     /// S2 in Redis (one open reservation per user) continuously: only while Redis loses nothing.
     pub s2_redis: bool,
+    /// L2 at quiescence: demand ≥ stock, so no unit is left unsold (rebalancing on).
+    pub l2: bool,
 }
 
 impl Scenario {
@@ -141,6 +150,16 @@ impl Scenario {
             Scenario::ProducerFaults => PRODUCER_FAULTS,
             Scenario::RedisLoss => &[Fault::RedisRestartAof],
             Scenario::Chaos => ALL_FAULTS,
+            Scenario::Skewed => &[Fault::JobsCrash],
+            Scenario::LostRecords => &[Fault::MqLoseAfterAck, Fault::MqAckLost],
+        }
+    }
+
+    /// Milliseconds between two faults: a scenario of one rare fault must leave room between them.
+    fn pace(self) -> std::ops::Range<u64> {
+        match self {
+            Scenario::Skewed => 300..900,
+            _ => 20..120,
         }
     }
 
@@ -149,12 +168,14 @@ impl Scenario {
     pub fn checks(self, jobs: bool) -> Checks {
         let recoverable = matches!(
             self,
-            Scenario::Calm | Scenario::ConsumerFaults | Scenario::ProducerFaults
+            Scenario::Calm | Scenario::ConsumerFaults | Scenario::ProducerFaults | Scenario::Skewed
         );
+        let redis_keeps_data = recoverable || self == Scenario::LostRecords;
         Checks {
             r1: jobs || recoverable,
             l1: jobs || recoverable,
-            s2_redis: recoverable,
+            s2_redis: redis_keeps_data,
+            l2: jobs && self == Scenario::Skewed,
         }
     }
 
@@ -171,7 +192,8 @@ impl Scenario {
             Bug::NoBuyerUniqueKey | Bug::NoStockGuard => (Scenario::RedisLoss, false),
             Bug::CancelReleaseToRoutedBucket => (Scenario::Calm, true),
             Bug::RebuildWhileInFlight => (Scenario::RedisLoss, true),
-            Bug::RepublishWithFreshId => (Scenario::Chaos, true),
+            Bug::RepublishWithFreshId => (Scenario::LostRecords, true),
+            Bug::NonIdempotentGive => (Scenario::Skewed, true),
         }
     }
 }
@@ -195,6 +217,10 @@ pub struct SimConfig {
     pub sale_ms: u64,
     /// Unpaid orders are cancelled after this long (the payment-timeout job).
     pub pay_timeout_ms: u64,
+    /// Share of queued users who pay (the rest never do, DESIGN §9 workload).
+    pub pay_ratio: f64,
+    /// A click answered "sold out" is retried this many times while the sale lasts.
+    pub retries_when_sold_out: u32,
 }
 
 impl SimConfig {
@@ -216,14 +242,31 @@ impl SimConfig {
             clients: 4,
             sale_ms: 2_000,
             pay_timeout_ms: 1_500,
+            pay_ratio: 0.7,
+            retries_when_sold_out: 0,
         }
     }
 
-    /// A small run for quick seed sweeps in `cargo sim`.
+    /// A small run for quick seed sweeps in `cargo sim`. The skewed scenario has its own shape:
+    /// two users for every three units... (200 users, 120 units), nine in ten crowding a few
+    /// buckets, all paying.
     pub fn small(seed: u64, scenario: Scenario) -> Self {
+        if scenario == Scenario::Skewed {
+            return SimConfig {
+                users: 200,
+                stock: 120,
+                buckets: 6,
+                skew: 0.9,
+                clicks_per_user: 3,
+                sale_ms: 1_500,
+                pay_ratio: 1.0,
+                retries_when_sold_out: 10,
+                ..Self::standard(seed, scenario)
+            };
+        }
         SimConfig {
             users: 600,
-            stock: 120,
+            stock: 240,
             buckets: 6,
             sale_ms: 800,
             ..Self::standard(seed, scenario)
@@ -530,6 +573,7 @@ impl World {
         if self.cfg.scenario.checks(self.cfg.jobs).s2_redis {
             v.extend(inv::s2_redis_one_reservation_per_user(snap));
             v.extend(inv::s2_redis_fallback_winners_marked(snap));
+            v.extend(inv::r1_no_failed_orders(snap));
         }
         v
     }
@@ -601,9 +645,21 @@ impl World {
     }
 
     async fn click(&self, ep: &Endpoint, engine: SocketAddr, user: UserId) {
-        let answer = ep
+        let mut answer = ep
             .call_timeout(engine, rpc::Purchase { user }, Duration::from_secs(1))
             .await;
+        // A persistent buyer tries again while the sale lasts (bounded: a few tries).
+        for _ in 0..self.cfg.retries_when_sold_out {
+            if !matches!(answer, Ok(Ok(PurchaseOutcome::SoldOut)))
+                || self.faults.elapsed().as_millis() as u64 > self.cfg.sale_ms + 1_000
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(100..300))).await;
+            answer = ep
+                .call_timeout(engine, rpc::Purchase { user }, Duration::from_secs(1))
+                .await;
+        }
         let label = match &answer {
             Ok(Ok(o)) => o.label(),
             Ok(Err(_)) => "refused",
@@ -630,19 +686,29 @@ impl World {
     }
 
     async fn follow_up(&self, ep: &Endpoint, engine: SocketAddr, r: seckill_engine::domain::Reservation) {
-        tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(100..400))).await;
-        let status = ep
-            .call_timeout(engine, rpc::Status { user: r.user }, Duration::from_secs(1))
-            .await;
+        // The user checks the order page a few times until the order shows up.
+        let mut view = None;
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(100..400))).await;
+            let status = ep
+                .call_timeout(engine, rpc::Status { user: r.user }, Duration::from_secs(1))
+                .await;
+            if let Ok(Ok(v)) = status {
+                if v.state != OrderState::Queued {
+                    view = Some(v);
+                    break;
+                }
+            }
+        }
         // Confirmed only if the ledger's order of this user IS this reservation (after a Redis
         // loss the user may hold an order from another one).
-        let Ok(Ok(view)) = status else { return };
+        let Some(view) = view else { return };
         if !matches!(view.state, OrderState::Created | OrderState::Paid) || view.reservation != Some(r.id) {
             return;
         }
         let rid = r.id.to_string();
         // Some users never pay (DESIGN §9 workload).
-        let paid = thread_rng().gen_bool(0.7)
+        let paid = thread_rng().gen_bool(self.cfg.pay_ratio)
             && matches!(
                 ep.call_timeout(engine, rpc::PayOrder { id: r.id }, Duration::from_secs(1))
                     .await,
@@ -663,7 +729,10 @@ impl World {
             return;
         }
         loop {
-            tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(20..120))).await;
+            tokio::time::sleep(Duration::from_millis(
+                thread_rng().gen_range(self.cfg.scenario.pace()),
+            ))
+            .await;
             let fault = kinds[thread_rng().gen_range(0..kinds.len())];
             let hold = Duration::from_millis(thread_rng().gen_range(30..300));
             self.inject(fault, hold).await;
@@ -858,6 +927,22 @@ impl World {
         let mut live = Vec::new();
         if checks.r1 {
             live.extend(inv::r1_reconciled(&snap));
+        }
+        if checks.l2 {
+            let unsold: i64 = snap.buckets.iter().filter_map(|b| b.redis_stock).sum();
+            if unsold > 0 {
+                live.push(inv::Violation {
+                    invariant: inv::Invariant::L2BoundedUndersell,
+                    bucket: None,
+                    detail: format!(
+                        "{unsold} units left unsold although demand exceeded stock (per bucket: {:?})",
+                        snap.buckets
+                            .iter()
+                            .map(|b| b.redis_stock.unwrap_or(0))
+                            .collect::<Vec<_>>()
+                    ),
+                });
+            }
         }
         if checks.l1 {
             let queued = self.history.lock().expect("history").queued.clone();

@@ -9,7 +9,7 @@
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
     BucketImage, CacheBucket, CacheView, MetaView, PendingMark, PortError, PortResult, ReleaseKind,
-    ReserveOutcome, StockCache, WarmupReport,
+    ReserveOutcome, StockCache, Transfer, WarmupReport,
 };
 use std::future::Future;
 use std::sync::OnceLock;
@@ -34,16 +34,18 @@ pub enum Script {
     Settle,
     Inspect,
     Rebuild,
+    Transfer,
 }
 
 impl Script {
-    pub const ALL: [Script; 6] = [
+    pub const ALL: [Script; 7] = [
         Script::Warmup,
         Script::Reserve,
         Script::Release,
         Script::Settle,
         Script::Inspect,
         Script::Rebuild,
+        Script::Transfer,
     ];
 
     pub fn source(self) -> &'static str {
@@ -54,6 +56,7 @@ impl Script {
             Script::Settle => include_str!("../../../lua/settle.lua"),
             Script::Inspect => include_str!("../../../lua/inspect.lua"),
             Script::Rebuild => include_str!("../../../lua/rebuild.lua"),
+            Script::Transfer => include_str!("../../../lua/transfer.lua"),
         }
     }
 
@@ -275,6 +278,7 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
             transfers_in: 0,
             transfers_out: 0,
             cancelled_released: Vec::new(),
+            transfers_in_flight: Vec::new(),
         };
         for m in buyers {
             let user = as_str(m)
@@ -315,19 +319,31 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
                 reserved_at_ms: at,
             });
         }
+        let mut acked = std::collections::BTreeSet::new();
         for (field, value) in pairs(OP, xfer)? {
-            let units = || value.parse::<u64>().map_err(|_| unparsable("xfer", &value));
+            let units = |v: &str| v.parse::<u64>().map_err(|_| unparsable("xfer", &value));
             if let Some(rid) = field.strip_prefix("rel:") {
                 out.cancelled_released
                     .push(rid.parse().map_err(|_| unparsable("xfer", &field))?);
             } else if field.starts_with("give:") {
-                out.transfers_in += units()?;
-            } else if field.starts_with("take:") {
-                out.transfers_out += units()?;
+                out.transfers_in += units(&value)?;
+            } else if let Some(tid) = field.strip_prefix("take:") {
+                let (n, to) = value.split_once('|').ok_or_else(|| unparsable("xfer", &value))?;
+                let n = units(n)?;
+                out.transfers_out += n;
+                out.transfers_in_flight.push(Transfer {
+                    id: tid.to_string(),
+                    from: b,
+                    to: BucketNo(to.parse().map_err(|_| unparsable("xfer", &value))?),
+                    units: n,
+                });
+            } else if let Some(tid) = field.strip_prefix("ack:") {
+                acked.insert(tid.to_string());
             } else {
                 return Err(unparsable("xfer", &field));
             }
         }
+        out.transfers_in_flight.retain(|t| !acked.contains(&t.id));
         Ok(out)
     }
 }
@@ -522,6 +538,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             buckets: buckets.parse().map_err(|_| bad_reply("meta", &reply))?,
             state: ActivityState::parse(state).ok_or_else(|| bad_reply("meta", &reply))?,
             epoch: get("epoch").filter(|e| !e.is_empty()).map(str::to_string),
+            moves: get("moves").map_or(Ok(0), |m| m.parse().map_err(|_| bad_reply("meta", &reply)))?,
         }))
     }
 
@@ -561,12 +578,79 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         }
     }
 
+    async fn take(&self, plan: &StockPlan, t: &Transfer) -> PortResult<bool> {
+        let keys = vec![stock_key(plan.activity, t.from), xfer_key(plan.activity, t.from)];
+        let args = vec!["take".into(), t.id.clone(), t.units.to_string(), t.to.to_string()];
+        let reply = self.run("take", Script::Transfer, keys, args).await?;
+        match tagged("take", &reply)? {
+            ("taken" | "exists", [Reply::Int(_)]) => Ok(true),
+            ("short", []) => Ok(false),
+            _ => Err(bad_reply("take", &reply)),
+        }
+    }
+
+    async fn give(&self, plan: &StockPlan, t: &Transfer) -> PortResult<()> {
+        #[cfg(madsim)]
+        let t = &if crate::planted::on(crate::planted::Bug::NonIdempotentGive) {
+            // Planted: every give gets a fresh idempotency key, so a repeated give counts twice.
+            static GIVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = GIVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Transfer {
+                id: format!("{}-{n:x}", t.id),
+                ..t.clone()
+            }
+        } else {
+            t.clone()
+        };
+        let keys = vec![stock_key(plan.activity, t.to), xfer_key(plan.activity, t.to)];
+        let args = vec!["give".into(), t.id.clone(), t.units.to_string()];
+        let reply = self.run("give", Script::Transfer, keys, args).await?;
+        match tagged("give", &reply)? {
+            ("given" | "exists", []) => Ok(()),
+            _ => Err(bad_reply("give", &reply)),
+        }
+    }
+
+    async fn note_moves(&self, activity: ActivityId) -> PortResult<()> {
+        let reply = self
+            .run(
+                "note moves",
+                Script::Warmup,
+                vec![meta_key(activity)],
+                vec!["moved".into()],
+            )
+            .await?;
+        match tagged("note moves", &reply)? {
+            ("ok", [Reply::Int(_)]) => Ok(()),
+            _ => Err(bad_reply("note moves", &reply)),
+        }
+    }
+
+    async fn ack(&self, plan: &StockPlan, t: &Transfer) -> PortResult<()> {
+        let keys = vec![stock_key(plan.activity, t.from), xfer_key(plan.activity, t.from)];
+        let reply = self
+            .run("ack", Script::Transfer, keys, vec!["ack".into(), t.id.clone()])
+            .await?;
+        match tagged("ack", &reply)? {
+            ("acked", []) => Ok(()),
+            _ => Err(bad_reply("ack", &reply)),
+        }
+    }
+
     async fn rebuild(&self, plan: &StockPlan, bucket: BucketNo, image: &BucketImage) -> PortResult<()> {
         let mut args = vec![image.stock.to_string(), image.buyers.len().to_string()];
         args.extend(image.buyers.iter().map(|u| u.to_string()));
         for (rid, qty) in &image.cancelled_released {
             args.push(format!("rel:{rid}"));
             args.push(qty.to_string());
+        }
+        // The ledger's transfers, as one completed transfer each way.
+        if image.transfers_in > 0 {
+            args.extend(["give:rebuilt".into(), image.transfers_in.to_string()]);
+        }
+        if image.transfers_out > 0 {
+            args.extend(["take:rebuilt".into(), format!("{}|{bucket}", image.transfers_out)]);
+            args.extend(["ack:rebuilt".into(), "1".into()]);
         }
         let reply = self
             .run(

@@ -1,12 +1,14 @@
 //! The self-healing jobs (DESIGN §7), generic over the ports so they run on every backend:
 //! the reconciler (settle what the ledger holds, republish what it lacks, resolve stale pending
 //! marks, give back cancelled units, report differences it cannot explain), the payment
-//! timeout, and recovery after Redis lost data.
+//! timeout, the rebalancer, and recovery after Redis lost data.
 
 pub mod pay_timeout;
+pub mod rebalance;
 pub mod reconcile;
 pub mod recover;
 
 pub use pay_timeout::cancel_unpaid;
+pub use rebalance::{rebalance, RebalanceConfig};
 pub use reconcile::{reconcile, Difference, ReconcileConfig, ReconcileReport};
 pub use recover::{recover_if_needed, RecoveryConfig, RecoveryReport};

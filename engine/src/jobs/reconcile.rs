@@ -6,6 +6,7 @@
 //! - a pending-fallback mark older than the grace period → keep it if its attempt holds a unit
 //!   (open in some bucket, or an order), else clear it;
 //! - a cancelled order whose units are not back in Redis → release it (idempotent);
+//! - a transfer taken but not acknowledged → finish it (ledger transfer, give, ack; idempotent);
 //! - what remains of `redis stock + open + sold − transfers in + out − initial` after the above is
 //!   explained is reported as a `Difference` — never "fixed" by guessing.
 //!
@@ -64,6 +65,8 @@ pub struct ReconcileReport {
     pub pending_kept: u64,
     pub pending_cleared: u64,
     pub cancels_released: u64,
+    /// Half-done transfers completed.
+    pub transfers_finished: u64,
     /// Actions that failed (retried next pass).
     pub failed: u64,
     pub differences: Vec<Difference>,
@@ -140,6 +143,12 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             };
             let resolved = cache.resolve_pending(plan, p.user, keep).await.map(|()| true);
             ok(resolved, count, &mut report.failed);
+        }
+        for t in &b.transfers_in_flight {
+            let finished = super::rebalance::finish(cache, ledger, plan, t)
+                .await
+                .map(|()| true);
+            ok(finished, &mut report.transfers_finished, &mut report.failed);
         }
         let released: BTreeSet<ReservationId> = b.cancelled_released.iter().copied().collect();
         let mut sold = 0i64;

@@ -10,7 +10,9 @@
 //! ledger has not applied yet would be sold again.
 
 use crate::domain::{ActivityState, StockPlan, UserId};
-use crate::ports::{BucketImage, Ledger, OrderBus, OrderStatus, PortError, PortResult, StockCache};
+use crate::ports::{
+    BucketImage, JournalKind, Ledger, OrderBus, OrderStatus, PortError, PortResult, StockCache,
+};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -95,6 +97,17 @@ pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
             }
             if r.bucket == b && o.status == OrderStatus::Cancelled {
                 image.cancelled_released.push((r.id, r.qty));
+            }
+        }
+        for j in db
+            .journal
+            .iter()
+            .filter(|j| j.bucket == b && j.kind == JournalKind::Transfer)
+        {
+            if j.delta > 0 {
+                image.transfers_in += j.delta as u64;
+            } else {
+                image.transfers_out += j.delta.unsigned_abs();
             }
         }
         image.buyers = buyers.into_iter().collect();

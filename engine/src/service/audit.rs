@@ -2,7 +2,7 @@
 //! Shared by `seckill demo`, tests, the simulation and (later) `seckill audit`.
 
 use crate::domain::StockPlan;
-use crate::ports::{Ledger, PortResult, StockCache};
+use crate::ports::{JournalKind, Ledger, PortResult, StockCache};
 use seckill_invariants::{self as inv, BucketState, OpenReservation, Order, Snapshot, Violation};
 
 pub async fn snapshot<C: StockCache, L: Ledger>(
@@ -13,9 +13,15 @@ pub async fn snapshot<C: StockCache, L: Ledger>(
     let redis = cache.snapshot(plan).await?;
     let db = ledger.snapshot(plan.activity).await?;
     let mut journal = vec![0i64; plan.units.len()];
+    let mut transfers = vec![0i64; plan.units.len()];
     for j in &db.journal {
         if let Some(sum) = journal.get_mut(j.bucket.0 as usize) {
             *sum += j.delta;
+        }
+        if j.kind == JournalKind::Transfer {
+            if let Some(net) = transfers.get_mut(j.bucket.0 as usize) {
+                *net += j.delta;
+            }
         }
     }
     let buckets = redis
@@ -43,6 +49,7 @@ pub async fn snapshot<C: StockCache, L: Ledger>(
                 ledger_initial: row.map(|r| r.initial),
                 ledger_remaining: row.map(|r| r.remaining),
                 journal_delta: journal.get(b.bucket.0 as usize).copied().unwrap_or(0),
+                ledger_transfers_net: transfers.get(b.bucket.0 as usize).copied().unwrap_or(0),
             }
         })
         .collect();

@@ -69,7 +69,7 @@ pub struct PurchaseConfig {
 impl Default for PurchaseConfig {
     fn default() -> Self {
         PurchaseConfig {
-            sold_out_recheck_ms: 1_000,
+            sold_out_recheck_ms: 200,
         }
     }
 }
@@ -96,6 +96,8 @@ struct LocalActivity {
     state: AtomicU64,
     /// Per bucket (fallback last): clock ms until which the bucket is known empty; 0 = unknown.
     empty_until_ms: Vec<AtomicU64>,
+    /// The meta's `moves` when last refreshed: a change means units were moved between buckets.
+    moves: AtomicU64,
 }
 
 const STATES: [ActivityState; 4] = [
@@ -187,6 +189,7 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         let local = LocalActivity {
             state: AtomicU64::new(state_code(meta.state)),
             empty_until_ms: plan.units.iter().map(|_| AtomicU64::new(0)).collect(),
+            moves: AtomicU64::new(meta.moves),
             activity,
             plan,
         };
@@ -205,8 +208,16 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         };
         for local in locals {
             if let Ok(meta) = self.inner.cache.meta(local.activity.id()).await {
-                let state = meta.map_or(ActivityState::Recovering, |m| m.state);
+                let state = meta.as_ref().map_or(ActivityState::Recovering, |m| m.state);
                 local.state.store(state_code(state), Ordering::Relaxed);
+                // Units were rebalanced: a bucket known empty may have stock again.
+                let moves = meta.map_or(0, |m| m.moves);
+                if local.moves.swap(moves, Ordering::Relaxed) != moves {
+                    local
+                        .empty_until_ms
+                        .iter()
+                        .for_each(|f| f.store(0, Ordering::Relaxed));
+                }
             }
         }
     }

@@ -276,3 +276,73 @@ async fn recovery_repairs_stale_stock_after_an_aof_window_loss() {
         seckill_engine::adapters::script::Reply::Int(ks.len() as i64)
     );
 }
+
+#[tokio::test]
+async fn the_rebalancer_moves_half_of_a_rich_bucket_into_a_drained_one() {
+    use seckill_engine::conformance::users_in;
+    use seckill_engine::jobs::{rebalance, RebalanceConfig};
+    let rig = rig(20, 2, 0, 1_500).await; // two buckets of 10
+    for u in users_in(&rig.plan, BucketNo(0), 10) {
+        assert!(matches!(rig.buy(u).await, PurchaseOutcome::Queued(_)));
+    }
+    rig.drain().await;
+    let moved = rebalance(
+        &rig.cache,
+        &rig.ledger,
+        &rig.plan,
+        2_000,
+        &RebalanceConfig::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(
+        (moved[0].from, moved[0].to, moved[0].units),
+        (BucketNo(1), BucketNo(0), 5)
+    );
+    assert_eq!(rig.stocks().await, vec![Some(5), Some(5), Some(0)]);
+    let ledger = rig.ledger.snapshot(A).await.unwrap();
+    assert_eq!((ledger.buckets[0].remaining, ledger.buckets[1].remaining), (5, 5));
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+    // nothing drained now: no more transfers
+    assert!(rebalance(
+        &rig.cache,
+        &rig.ledger,
+        &rig.plan,
+        2_100,
+        &RebalanceConfig::default()
+    )
+    .await
+    .unwrap()
+    .is_empty());
+    // the moved units sell to the drained bucket's users
+    let more = users_in(&rig.plan, BucketNo(0), 12);
+    assert!(matches!(rig.buy(more[11]).await, PurchaseOutcome::Queued(r) if r.bucket == BucketNo(0)));
+}
+
+#[tokio::test]
+async fn a_transfer_cut_after_its_take_is_finished_by_the_reconciler_once() {
+    use seckill_engine::ports::Transfer;
+    let rig = rig(20, 2, 0, 1_500).await;
+    let t = Transfer {
+        id: "t1".into(),
+        from: BucketNo(1),
+        to: BucketNo(0),
+        units: 4,
+    };
+    assert!(rig.cache.take(&rig.plan, &t).await.unwrap());
+    assert!(rig.cache.take(&rig.plan, &t).await.unwrap(), "take is idempotent");
+    assert_eq!(rig.stocks().await, vec![Some(10), Some(6), Some(0)]);
+    let report = reconcile_at(&rig, LATER).await;
+    assert_eq!(report.transfers_finished, 1, "{report:?}");
+    assert!(report.differences.is_empty(), "{report:?}");
+    assert_eq!(rig.stocks().await, vec![Some(14), Some(6), Some(0)]);
+    assert_eq!(
+        reconcile_at(&rig, LATER).await.transfers_finished,
+        0,
+        "acknowledged"
+    );
+    rig.cache.give(&rig.plan, &t).await.unwrap();
+    assert_eq!(rig.stocks().await[0], Some(14), "give is idempotent");
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}

@@ -62,6 +62,40 @@ fn chaos() {
     sweep(Scenario::Chaos);
 }
 
+/// Lost records need the reconciler: only runs with the jobs node.
+#[test]
+fn lost_records() {
+    for seed in SEEDS {
+        check(&SimConfig::small(seed, Scenario::LostRecords));
+    }
+}
+
+#[test]
+fn skewed() {
+    sweep(Scenario::Skewed);
+}
+
+/// L2 needs the rebalancer: the same skew without it leaves stock unsold.
+#[test]
+fn skew_without_rebalancing_leaves_stock_unsold() {
+    let with = world::run(&SimConfig::small(1, Scenario::Skewed));
+    let without = world::run(&SimConfig {
+        jobs: false,
+        ..SimConfig::small(1, Scenario::Skewed)
+    });
+    assert_eq!(
+        (with.verdict, with.units_sold),
+        (Verdict::Ok, 120),
+        "{:?}",
+        with.violations
+    );
+    assert!(
+        without.units_sold < 120,
+        "sold {} without rebalancing",
+        without.units_sold
+    );
+}
+
 #[test]
 fn every_planted_bug_is_caught_and_the_same_seeds_pass_clean() {
     for bug in Bug::ALL {

@@ -9,7 +9,7 @@
 use crate::domain::{Activity, ActivityId, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
     ApplyOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow, OrderStatus,
-    PayOutcome, PortResult,
+    PayOutcome, PortError, PortResult, Transfer,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -132,6 +132,46 @@ impl Ledger for EmbeddedLedger {
     async fn apply(&self, batch: &[Reservation]) -> PortResult<Vec<ApplyOutcome>> {
         let mut st = self.lock();
         Ok(batch.iter().map(|r| st.apply_one(r)).collect())
+    }
+
+    async fn transfer(&self, activity: ActivityId, t: &Transfer) -> PortResult<bool> {
+        let mut st = self.lock();
+        let done = st.journal.get(&activity).is_some_and(|j| {
+            j.iter()
+                .any(|e| e.kind == JournalKind::Transfer && e.reference == t.id)
+        });
+        if done {
+            return Ok(false);
+        }
+        let units = t.units as i64;
+        match st.buckets.get(&(activity, t.from)) {
+            Some((_, remaining)) if *remaining >= units => {}
+            Some(_) => {
+                return Err(PortError::determinate(
+                    "transfer",
+                    format!("bucket {} lacks {units} units", t.from),
+                ))
+            }
+            None => {
+                return Err(PortError::determinate(
+                    "transfer",
+                    format!("no bucket {}", t.from),
+                ))
+            }
+        }
+        if !st.buckets.contains_key(&(activity, t.to)) {
+            return Err(PortError::determinate("transfer", format!("no bucket {}", t.to)));
+        }
+        for (bucket, delta) in [(t.from, -units), (t.to, units)] {
+            st.buckets.get_mut(&(activity, bucket)).expect("checked above").1 += delta;
+            st.journal.entry(activity).or_default().push(JournalEntry {
+                bucket,
+                kind: JournalKind::Transfer,
+                reference: t.id.clone(),
+                delta,
+            });
+        }
+        Ok(true)
     }
 
     async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {

@@ -1,0 +1,87 @@
+//! The rebalancer: with skewed traffic some buckets drain while others sit full. At low frequency
+//! it moves at most half of a rich bucket's stock into each drained business bucket:
+//! `take` (source slot, recorded in its xfer hash) → ledger transfer (idempotent by id) → `give`
+//! (target slot, idempotent by id) → `ack`. A crash anywhere leaves a take without its ack, which
+//! `finish` (called by the reconciler) completes; units are never lost nor doubled.
+
+use crate::domain::{ActivityState, BucketNo, StockPlan};
+use crate::ports::{Ledger, PortResult, StockCache, Transfer};
+
+#[derive(Debug, Clone)]
+pub struct RebalanceConfig {
+    /// A bucket with fewer units than this is not a source.
+    pub min_source_units: u64,
+}
+
+impl Default for RebalanceConfig {
+    fn default() -> Self {
+        // Even a last unit moves: a cold bucket's single unit is still a unit unsold.
+        RebalanceConfig { min_source_units: 1 }
+    }
+}
+
+/// Complete one transfer from wherever it stopped; every step is idempotent.
+pub async fn finish<C: StockCache, L: Ledger>(
+    cache: &C,
+    ledger: &L,
+    plan: &StockPlan,
+    t: &Transfer,
+) -> PortResult<()> {
+    ledger.transfer(plan.activity, t).await?;
+    cache.give(plan, t).await?;
+    cache.ack(plan, t).await
+}
+
+/// One pass: the transfers it completed.
+pub async fn rebalance<C: StockCache, L: Ledger>(
+    cache: &C,
+    ledger: &L,
+    plan: &StockPlan,
+    now_ms: u64,
+    cfg: &RebalanceConfig,
+) -> PortResult<Vec<Transfer>> {
+    let view = cache.snapshot(plan).await?;
+    let lost = view.buckets.iter().any(|b| b.stock.is_none());
+    if lost || view.meta.as_ref().is_none_or(|m| m.state != ActivityState::Open) {
+        return Ok(Vec::new());
+    }
+    // Business buckets only: the fallback already serves everyone.
+    let mut stock: Vec<(BucketNo, u64)> = view
+        .buckets
+        .iter()
+        .filter(|b| b.bucket != plan.fallback_bucket())
+        .map(|b| (b.bucket, b.stock.unwrap_or(0).max(0) as u64))
+        .collect();
+    let drained: Vec<BucketNo> = stock.iter().filter(|(_, s)| *s == 0).map(|(b, _)| *b).collect();
+    let mut done = Vec::new();
+    for to in drained {
+        let Some(&(from, units)) = stock.iter().max_by_key(|(b, s)| (*s, std::cmp::Reverse(*b))) else {
+            break;
+        };
+        if units < cfg.min_source_units {
+            break;
+        }
+        let t = Transfer {
+            id: format!("{now_ms:x}-{from}-{to}"),
+            from,
+            to,
+            units: (units / 2).max(1),
+        };
+        if !cache.take(plan, &t).await? {
+            continue; // sold meanwhile
+        }
+        finish(cache, ledger, plan, &t).await?;
+        for (b, s) in stock.iter_mut() {
+            if *b == from {
+                *s -= t.units;
+            } else if *b == to {
+                *s += t.units;
+            }
+        }
+        done.push(t);
+    }
+    if !done.is_empty() {
+        cache.note_moves(plan.activity).await?;
+    }
+    Ok(done)
+}

@@ -1,0 +1,47 @@
+-- transfer.lua — move units between two buckets of one activity (rebalancing). The buckets may
+-- live on different Redis Cluster nodes, so a transfer is three single-slot steps, each
+-- idempotent by transfer id, recorded in the buckets' xfer hashes:
+--
+-- op "take" on the source:  KEYS[1] stock  KEYS[2] xfer   ARGV: op, tid, units, target bucket
+--   -> {"taken", units} | {"exists", units} (already taken) | {"short"} (not enough stock)
+--   records xfer "take:<tid>" = "<units>|<target>"
+-- op "give" on the target:  KEYS[1] stock  KEYS[2] xfer   ARGV: op, tid, units
+--   -> {"given"} | {"exists"};  records xfer "give:<tid>" = units
+-- op "ack" on the source:   KEYS[2] xfer                  ARGV: op, tid
+--   -> {"acked"};  records xfer "ack:<tid>" = 1 — the transfer is complete everywhere
+--
+-- A take without its ack is a transfer in flight; the reconciler finishes it (ledger transfer,
+-- give, ack). Units are never lost (the take is recorded) nor doubled (give is idempotent).
+local op, tid = ARGV[1], ARGV[2]
+if not tid or not string.match(tid, "^[%w%-]+$") then
+  return redis.error_reply("ERR transfer: bad transfer id")
+end
+if op == "ack" then
+  redis.call("HSET", KEYS[2], "ack:" .. tid, 1)
+  return {"acked"}
+end
+local units = tonumber(ARGV[3])
+if not units or units < 1 or units ~= math.floor(units) then
+  return redis.error_reply("ERR transfer: units must be a positive integer")
+end
+if op == "take" then
+  local taken = redis.call("HGET", KEYS[2], "take:" .. tid)
+  if taken then
+    return {"exists", tonumber(string.match(taken, "^(%d+)"))}
+  end
+  local stock = tonumber(redis.call("GET", KEYS[1]) or "0")
+  if stock < units then
+    return {"short"}
+  end
+  redis.call("DECRBY", KEYS[1], units)
+  redis.call("HSET", KEYS[2], "take:" .. tid, units .. "|" .. ARGV[4])
+  return {"taken", units}
+elseif op == "give" then
+  if redis.call("HEXISTS", KEYS[2], "give:" .. tid) == 1 then
+    return {"exists"}
+  end
+  redis.call("INCRBY", KEYS[1], units)
+  redis.call("HSET", KEYS[2], "give:" .. tid, units)
+  return {"given"}
+end
+return redis.error_reply("ERR transfer: unknown op " .. tostring(op))
