@@ -51,6 +51,10 @@ elseif op == "state" then
   end
   return {"ok"}
 elseif op == "moved" then
+  -- Never create a meta of its own: after a data loss that is the recovery's to rebuild.
+  if redis.call("EXISTS", KEYS[1]) == 0 then
+    return {"ok", 0}
+  end
   return {"ok", redis.call("HINCRBY", KEYS[1], "moves", 1)}
 end
 return redis.error_reply("ERR warmup: unknown op " .. tostring(op))

@@ -113,6 +113,7 @@ mod app {
                 Scenario::Chaos,
                 Scenario::Skewed,
                 Scenario::LostRecords,
+                Scenario::Rebalancing,
             ]));
         }
         <Scenario as clap::ValueEnum>::from_str(s, false).map(|sc| Scenarios(vec![sc]))

@@ -13,7 +13,6 @@ use seckill_engine::domain::{Activity, StockPlan};
 use seckill_engine::ports::Ledger;
 use seckill_engine::service::{order_status, OrderConsumer, PurchaseConfig, PurchaseService};
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,7 +75,7 @@ pub async fn engine_main(p: EngineParams) {
 }
 
 /// The jobs node: every `JOBS_EVERY`, recovery if Redis restarted, then a reconciler pass and
-/// the payment timeout. What they did is traced; a difference the reconciler cannot explain is
+/// the payment timeout; beside them, the rebalancer on its own schedule. What they did is traced; a difference the reconciler cannot explain is
 /// counted as `reconciler_difference`.
 pub async fn jobs_main(
     addr: SocketAddr,
@@ -104,6 +103,21 @@ pub async fn jobs_main(
         republish_after_ms: 1_000,
         pending_after_ms: 1_000,
     };
+    // The rebalancer runs on its own schedule, as it would in its own process: the reconciler
+    // may meet a transfer mid-flight and finish it concurrently (every step is idempotent).
+    let (c, l, p, f) = (cache.clone(), ledger.clone(), plan.clone(), faults.clone());
+    madsim::task::spawn(async move {
+        loop {
+            tokio::time::sleep(JOBS_EVERY).await;
+            let moved = rebalance(&c, &l, &p, clock.now_ms(), &RebalanceConfig::default()).await;
+            for t in moved.unwrap_or_default() {
+                f.event(format!(
+                    "rebalanced {} units from bucket {} to {}",
+                    t.units, t.from, t.to
+                ));
+            }
+        }
+    });
     loop {
         tokio::time::sleep(JOBS_EVERY).await;
         match recover_if_needed(&cache, &ledger, &bus, &plan, &recovery).await {
@@ -112,26 +126,8 @@ pub async fn jobs_main(
                 r.stock, r.buyers
             )),
             Ok(None) => {}
-            Err(e) => {
-                faults.event(format!("recovery: {e}"));
-                continue;
-            }
-        }
-        if let Ok(moved) = rebalance(
-            &cache,
-            &ledger,
-            &plan,
-            clock.now_ms(),
-            &RebalanceConfig::default(),
-        )
-        .await
-        {
-            for t in moved {
-                faults.event(format!(
-                    "rebalanced {} units from bucket {} to {}",
-                    t.units, t.from, t.to
-                ));
-            }
+            // The other jobs check the activity state themselves: they go on.
+            Err(e) => faults.event(format!("recovery: {e}")),
         }
         if let Ok(r) = reconcile(&cache, &ledger, &bus, &plan, clock.now_ms(), &reconcile_cfg).await {
             let acted = r.settled + r.republished + r.pending_kept + r.pending_cleared;
@@ -156,7 +152,15 @@ pub async fn jobs_main(
     }
 }
 
-pub async fn consumer_main(addr: SocketAddr, index: u32, of: u32, partitions: u32) {
+/// A consumer node: the real `OrderConsumer`, batch after batch; a failed batch is traced
+/// (it is redelivered: nothing was committed) and retried after a short pause.
+pub async fn consumer_main(
+    addr: SocketAddr,
+    index: u32,
+    of: u32,
+    partitions: u32,
+    faults: Arc<crate::faults::Faults>,
+) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind consumer"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
     let bus = SimBus::new(ep.clone(), partitions).member(index, of);
@@ -164,5 +168,10 @@ pub async fn consumer_main(addr: SocketAddr, index: u32, of: u32, partitions: u3
         .await
         .expect("static membership cannot fail");
     let mut consumer = OrderConsumer::new(SimLedger::new(ep), cache, source, BATCH);
-    consumer.run(&AtomicBool::new(false)).await;
+    loop {
+        if let Err(e) = consumer.run_once().await {
+            faults.event(format!("consumer-{index}: batch failed: {e}"));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

@@ -523,11 +523,14 @@ impl OrderSource for SimSource {
     async fn poll(&mut self, max: usize) -> PortResult<Vec<Delivery>> {
         let kafka = addr(rpc::KAFKA);
         let mut out = Vec::new();
+        // Positions move only when the whole poll succeeds: records fetched from one partition
+        // before another partition's request failed are not returned, so they must come again.
+        let mut positions = self.positions.clone();
         for p in self.owned.clone() {
             if out.len() >= max {
                 break;
             }
-            let pos = match self.positions.get(&p) {
+            let pos = match positions.get(&p) {
                 Some(pos) => *pos,
                 None => {
                     let req = rpc::Committed {
@@ -539,7 +542,7 @@ impl OrderSource for SimSource {
                         .call_timeout(kafka, req, STORE_TIMEOUT)
                         .await
                         .map_err(|e| lost("poll", e))?;
-                    self.positions.insert(p, c);
+                    positions.insert(p, c);
                     c
                 }
             };
@@ -554,10 +557,11 @@ impl OrderSource for SimSource {
                 .await
                 .map_err(|e| lost("poll", e))?;
             if let Some(last) = got.last() {
-                self.positions.insert(p, last.offset + 1);
+                positions.insert(p, last.offset + 1);
             }
             out.extend(got);
         }
+        self.positions = positions;
         if out.is_empty() {
             tokio::time::sleep(POLL_WAIT).await;
         }

@@ -52,6 +52,9 @@ pub enum Scenario {
     Chaos,
     /// Records lost after their ack: only the reconciler's republish gets those orders through.
     LostRecords,
+    /// The skewed workload with transfers under fire: jobs crashes and slow Redis cut transfers
+    /// between their steps (lost replies, crashes), which the reconciler must finish exactly once.
+    Rebalancing,
     /// Demand barely above stock and crowded onto a few buckets, every order paid, the jobs
     /// node crashing now and then: only rebalancing sells the cold buckets' units (L2).
     Skewed,
@@ -151,6 +154,7 @@ impl Scenario {
             Scenario::RedisLoss => &[Fault::RedisRestartAof],
             Scenario::Chaos => ALL_FAULTS,
             Scenario::Skewed => &[Fault::JobsCrash],
+            Scenario::Rebalancing => &[Fault::JobsCrash, Fault::RedisSlowScript, Fault::RedisLatency],
             Scenario::LostRecords => &[Fault::MqLoseAfterAck, Fault::MqAckLost],
         }
     }
@@ -159,6 +163,7 @@ impl Scenario {
     fn pace(self) -> std::ops::Range<u64> {
         match self {
             Scenario::Skewed => 300..900,
+            Scenario::Rebalancing => 100..300,
             _ => 20..120,
         }
     }
@@ -170,7 +175,7 @@ impl Scenario {
             self,
             Scenario::Calm | Scenario::ConsumerFaults | Scenario::ProducerFaults | Scenario::Skewed
         );
-        let redis_keeps_data = recoverable || self == Scenario::LostRecords;
+        let redis_keeps_data = recoverable || matches!(self, Scenario::LostRecords | Scenario::Rebalancing);
         Checks {
             r1: jobs || recoverable,
             l1: jobs || recoverable,
@@ -193,7 +198,7 @@ impl Scenario {
             Bug::CancelReleaseToRoutedBucket => (Scenario::Calm, true),
             Bug::RebuildWhileInFlight => (Scenario::RedisLoss, true),
             Bug::RepublishWithFreshId => (Scenario::LostRecords, true),
-            Bug::NonIdempotentGive => (Scenario::Skewed, true),
+            Bug::NonIdempotentGive => (Scenario::Rebalancing, true),
         }
     }
 }
@@ -219,7 +224,8 @@ pub struct SimConfig {
     pub pay_timeout_ms: u64,
     /// Share of queued users who pay (the rest never do, DESIGN §9 workload).
     pub pay_ratio: f64,
-    /// A click answered "sold out" is retried this many times while the sale lasts.
+    /// A click answered "sold out" or "unavailable" (or not at all) is retried this many times
+    /// while the sale lasts.
     pub retries_when_sold_out: u32,
 }
 
@@ -251,7 +257,7 @@ impl SimConfig {
     /// two users for every three units... (200 users, 120 units), nine in ten crowding a few
     /// buckets, all paying.
     pub fn small(seed: u64, scenario: Scenario) -> Self {
-        if scenario == Scenario::Skewed {
+        if matches!(scenario, Scenario::Skewed | Scenario::Rebalancing) {
             return SimConfig {
                 users: 200,
                 stock: 120,
@@ -260,7 +266,7 @@ impl SimConfig {
                 clicks_per_user: 3,
                 sale_ms: 1_500,
                 pay_ratio: 1.0,
-                retries_when_sold_out: 10,
+                retries_when_sold_out: 16,
                 ..Self::standard(seed, scenario)
             };
         }
@@ -338,9 +344,10 @@ struct GodView {
 
 impl GodView {
     async fn snapshot(&self) -> inv::Snapshot {
-        audit::snapshot(&self.cache, &self.ledger, &self.plan)
-            .await
-            .expect("in-process stores always answer")
+        match audit::snapshot(&self.cache, &self.ledger, &self.plan).await {
+            Ok(s) => s,
+            Err(e) => panic!("the god view cannot read the stores: {e}"),
+        }
     }
 }
 
@@ -498,8 +505,9 @@ pub async fn world(cfg: SimConfig) -> RunReport {
                 .parse()
                 .expect("consumer address");
             let of = cfg.consumers as u32;
+            let f = faults.clone();
             node(&format!("consumer-{i}"), &addr.ip().to_string())
-                .init(move || consumer_main(addr, i as u32, of, PARTITIONS))
+                .init(move || consumer_main(addr, i as u32, of, PARTITIONS, f.clone()))
                 .build()
         })
         .collect();
@@ -650,8 +658,10 @@ impl World {
             .await;
         // A persistent buyer tries again while the sale lasts (bounded: a few tries).
         for _ in 0..self.cfg.retries_when_sold_out {
-            if !matches!(answer, Ok(Ok(PurchaseOutcome::SoldOut)))
-                || self.faults.elapsed().as_millis() as u64 > self.cfg.sale_ms + 1_000
+            if !matches!(
+                answer,
+                Ok(Ok(PurchaseOutcome::SoldOut | PurchaseOutcome::Unavailable { .. })) | Err(_)
+            ) || self.faults.elapsed().as_millis() as u64 > self.cfg.sale_ms + 1_000
             {
                 break;
             }
@@ -681,17 +691,28 @@ impl World {
                 .expect("history")
                 .queued
                 .push(r.id.to_string());
-            self.follow_up(ep, engine, r).await;
+            self.follow_up(ep, engine, r.user, Some(r.id)).await;
+        } else if let Ok(Ok(PurchaseOutcome::Duplicate)) = answer {
+            // "You already have one": the user looks at the order page (and pays).
+            self.follow_up(ep, engine, user, None).await;
         }
     }
 
-    async fn follow_up(&self, ep: &Endpoint, engine: SocketAddr, r: seckill_engine::domain::Reservation) {
+    /// The user checks the order page until the order shows, then (mostly) pays. With `expect`,
+    /// only that reservation counts as this user's order.
+    async fn follow_up(
+        &self,
+        ep: &Endpoint,
+        engine: SocketAddr,
+        user: UserId,
+        expect: Option<seckill_engine::domain::ReservationId>,
+    ) {
         // The user checks the order page a few times until the order shows up.
         let mut view = None;
         for _ in 0..5 {
             tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(100..400))).await;
             let status = ep
-                .call_timeout(engine, rpc::Status { user: r.user }, Duration::from_secs(1))
+                .call_timeout(engine, rpc::Status { user }, Duration::from_secs(1))
                 .await;
             if let Ok(Ok(v)) = status {
                 if v.state != OrderState::Queued {
@@ -703,20 +724,21 @@ impl World {
         // Confirmed only if the ledger's order of this user IS this reservation (after a Redis
         // loss the user may hold an order from another one).
         let Some(view) = view else { return };
-        if !matches!(view.state, OrderState::Created | OrderState::Paid) || view.reservation != Some(r.id) {
+        let Some(id) = view.reservation else { return };
+        if !matches!(view.state, OrderState::Created | OrderState::Paid) || expect.is_some_and(|e| e != id) {
             return;
         }
-        let rid = r.id.to_string();
+        let rid = id.to_string();
         // Some users never pay (DESIGN §9 workload).
         let paid = thread_rng().gen_bool(self.cfg.pay_ratio)
             && matches!(
-                ep.call_timeout(engine, rpc::PayOrder { id: r.id }, Duration::from_secs(1))
+                ep.call_timeout(engine, rpc::PayOrder { id }, Duration::from_secs(1))
                     .await,
                 Ok(Ok(PayOutcome::Paid))
             );
         self.faults.event(format!(
             "user {} told {}",
-            r.user,
+            user,
             if paid { "paid" } else { "created" }
         ));
         self.history.lock().expect("history").confirmed.push(rid);
@@ -733,6 +755,15 @@ impl World {
                 thread_rng().gen_range(self.cfg.scenario.pace()),
             ))
             .await;
+            // L2 is about selling everything once healed: the skewed run heals halfway through
+            // the sale, while buyers are still there.
+            if self.cfg.scenario == Scenario::Skewed
+                && self.faults.elapsed().as_millis() as u64 > self.cfg.sale_ms / 2
+            {
+                self.faults
+                    .event("nemesis done: healed while the sale goes on".into());
+                return;
+            }
             let fault = kinds[thread_rng().gen_range(0..kinds.len())];
             let hold = Duration::from_millis(thread_rng().gen_range(30..300));
             self.inject(fault, hold).await;

@@ -66,7 +66,15 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
     /// One poll → apply → follow-up → commit cycle. On an error nothing is committed and the
     /// source is rewound, so the same records come again.
     pub async fn run_once(&mut self) -> PortResult<BatchReport> {
-        let batch = self.source.poll(self.max_batch).await?;
+        let batch = match self.source.poll(self.max_batch).await {
+            Ok(batch) => batch,
+            Err(e) => {
+                // A source must not advance past records it did not return; rewinding anyway
+                // costs one re-read and guards against one that does.
+                let _ = self.source.rewind().await;
+                return Err(e);
+            }
+        };
         let mut report = BatchReport {
             delivered: batch.len() as u64,
             ..Default::default()

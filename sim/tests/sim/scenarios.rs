@@ -75,6 +75,11 @@ fn skewed() {
     sweep(Scenario::Skewed);
 }
 
+#[test]
+fn rebalancing() {
+    sweep(Scenario::Rebalancing);
+}
+
 /// L2 needs the rebalancer: the same skew without it leaves stock unsold.
 #[test]
 fn skew_without_rebalancing_leaves_stock_unsold() {
