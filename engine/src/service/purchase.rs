@@ -282,40 +282,36 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             Err(e) => return Ok(unavailable(format!("stock cache: {e}"))),
         };
 
-        match self.inner.bus.publish(&reservation).await {
-            Ok(()) => Ok(PurchaseOutcome::Queued(reservation)),
-            #[cfg(madsim)]
-            Err(e) if crate::planted::on(crate::planted::Bug::ReleaseOnIndeterminatePublish) => {
-                let _ = self
-                    .inner
-                    .cache
-                    .release(&reservation, ReleaseKind::Unpublished)
-                    .await;
-                Ok(unavailable(format!("order bus: {e}")))
-            }
+        let e = match self.inner.bus.publish(&reservation).await {
+            Ok(()) => return Ok(PurchaseOutcome::Queued(reservation)),
+            Err(e) => e,
+        };
+        #[cfg(madsim)]
+        let indeterminate_is_queued = !crate::planted::on(crate::planted::Bug::ReleaseOnIndeterminatePublish);
+        #[cfg(not(madsim))]
+        let indeterminate_is_queued = true;
+        if e.is_indeterminate() && indeterminate_is_queued {
             // The record may be on the bus: the reservation stays open, the reconciler
             // republishes it if the ledger never sees it, and the ledger dedupes by id.
-            Err(e) if e.is_indeterminate() => Ok(PurchaseOutcome::Queued(reservation)),
-            Err(e) => {
-                #[cfg(madsim)]
-                let reservation = if crate::planted::on(crate::planted::Bug::ReleaseToRoutedBucket) {
-                    Reservation {
-                        bucket: local.plan.route(user),
-                        ..reservation
-                    }
-                } else {
-                    reservation
-                };
-                // Certainly not published: give the units back and let the user retry. If this
-                // release fails too, the reservation stays open for the reconciler.
-                let _ = self
-                    .inner
-                    .cache
-                    .release(&reservation, ReleaseKind::Unpublished)
-                    .await;
-                Ok(unavailable(format!("order bus: {e}")))
-            }
+            return Ok(PurchaseOutcome::Queued(reservation));
         }
+        #[cfg(madsim)]
+        let reservation = if crate::planted::on(crate::planted::Bug::ReleaseToRoutedBucket) {
+            Reservation {
+                bucket: local.plan.route(user),
+                ..reservation
+            }
+        } else {
+            reservation
+        };
+        // Certainly not published: give the units back and let the user retry. If this release
+        // fails too, the reservation stays open for the reconciler.
+        let _ = self
+            .inner
+            .cache
+            .release(&reservation, ReleaseKind::Unpublished)
+            .await;
+        Ok(unavailable(format!("order bus: {e}")))
     }
 }
 
