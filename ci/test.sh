@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The project's test command (README): everything CI runs, in order. Later issues add the
-# service provisioning (ci/services.sh) in front; tests that need a service then fail instead of
-# skipping, because this script sets SECKILL_REQUIRE_SERVICES.
+# The project's test command (README): everything CI runs, in order. It first installs and starts
+# the real stores (ci/services.sh) and sources their settings; tests that need a service then
+# fail instead of skipping, because this script sets SECKILL_REQUIRE_SERVICES.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,11 @@ export CARGO_TERM_COLOR=never
 unset RUSTFLAGS
 
 step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+step "services (Redis, Redis Cluster, MariaDB, Kafka)"
+ci/services.sh
+# shellcheck disable=SC1091
+source "${SECKILL_SERVICES_DIR:-target/services}/env"
 
 step "toolchain"
 cargo --version

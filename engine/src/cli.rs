@@ -3,10 +3,13 @@
 
 use crate::clock::Clock;
 use crate::demo::{self, DemoConfig, DemoReport};
+use crate::domain::ActivityId;
+mod tools;
+
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::process::ExitCode;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 #[derive(Parser)]
 #[command(
@@ -21,10 +24,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a whole flash sale in-process on the embedded backend and check the invariants.
+    /// Run a whole flash sale (embedded stores by default, or the real ones) and check the invariants.
     // Negative numbers are values (refused by the range checks, naming the flag), not flags.
     #[command(allow_negative_numbers = true)]
     Demo(DemoArgs),
+    /// Apply the ledger schema (migrations/) to DATABASE_URL; idempotent.
+    Migrate,
+    /// Check one activity's invariants on the real stores; exit 1 if one is violated.
+    Audit(ActivityArgs),
+    /// Run one reconciler pass over an activity on the real stores and print what it did.
+    Reconcile(ActivityArgs),
+}
+
+#[derive(clap::Args)]
+struct ActivityArgs {
+    /// The activity id.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    activity: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Backend {
+    /// In-process stores (nothing to install; not durable).
+    Embedded,
+    /// Redis, Kafka and MySQL from REDIS_URL (or SECKILL_REDIS_CLUSTER=1 with
+    /// REDIS_CLUSTER_NODES), KAFKA_BROKERS and DATABASE_URL.
+    Real,
 }
 
 #[derive(clap::Args)]
@@ -56,6 +84,12 @@ struct DemoArgs {
     /// Do not rebalance stock between buckets during the sale.
     #[arg(long = "no-rebalance")]
     no_rebalance: bool,
+    /// Where the sale runs.
+    #[arg(long, value_enum, default_value = "embedded")]
+    backend: Backend,
+    /// Activity id (real backend: must be new; default: the current time in ms).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    activity: Option<u64>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -74,6 +108,9 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(args) => run_demo(args),
+        Command::Migrate => tools::migrate(),
+        Command::Audit(args) => tools::audit(args.activity, args.json),
+        Command::Reconcile(args) => tools::reconcile(args.activity, args.json),
     }
 }
 
@@ -89,10 +126,7 @@ fn run_demo(args: DemoArgs) -> ExitCode {
         concurrency: args.concurrency as usize,
         rebalance: !args.no_rebalance,
     };
-    let wall_now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let wall_now_ms = tools::wall_now_ms();
     let expected = args.users * (1 + args.clicks_per_user as u64) / 2;
     let bar = if args.json {
         ProgressBar::hidden()
@@ -106,18 +140,30 @@ fn run_demo(args: DemoArgs) -> ExitCode {
     };
     // One thread: the embedded stores serialize on their locks anyway (as Redis does), and a
     // current-thread scheduler makes a seed replay the same interleaving.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tools::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let started = Instant::now();
     let tick = bar.clone();
     let result = runtime.block_on(async {
         let clock = Clock::new(wall_now_ms, tokio::time::Instant::now());
-        demo::run(&cfg, clock, move || tick.inc(1)).await
+        match args.backend {
+            Backend::Embedded => demo::run(&cfg, clock, move || tick.inc(1)).await,
+            Backend::Real => {
+                let real = tools::connect().await.map_err(demo::DemoError::Setup)?;
+                let id = ActivityId(args.activity.unwrap_or(wall_now_ms));
+                tick.println(format!("activity {id} on the real stores"));
+                demo::run_on(
+                    &cfg,
+                    clock,
+                    (&real.cache, &real.bus, &real.ledger),
+                    id,
+                    move || tick.inc(1),
+                )
+                .await
+            }
+        }
     });
     bar.finish_and_clear();
     let elapsed = started.elapsed();

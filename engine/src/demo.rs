@@ -11,7 +11,7 @@ use crate::clock::Clock;
 use crate::domain::{Activity, ActivityId, ActivitySpec, BucketRouter, InvalidField, StockPlan, UserId};
 use crate::jobs::{rebalance, RebalanceConfig};
 use crate::ports::{Ledger, OrderBus, PortError, StockCache};
-use crate::service::consumer::DEFAULT_MAX_BATCH;
+use crate::service::consumer::{DEFAULT_MAX_BATCH, ORDER_GROUP};
 use crate::service::{audit, OrderConsumer, PurchaseConfig, PurchaseOutcome, PurchaseService};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -20,6 +20,7 @@ use seckill_invariants as inv;
 use serde::Serialize;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoConfig {
@@ -81,7 +82,14 @@ pub enum DemoError {
     Invalid(#[from] InvalidField),
     #[error(transparent)]
     Port(#[from] PortError),
+    #[error("{0}")]
+    Stuck(String),
+    #[error("{0}")]
+    Setup(String),
 }
+
+/// How long the consumer may take to apply what is left after the last purchase.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The arrival order of every click: user ids (distinct, skewed as asked), each repeated
 /// 1..=clicks times, shuffled.
@@ -105,17 +113,37 @@ fn workload(cfg: &DemoConfig, rng: &mut StdRng) -> Vec<UserId> {
     clicks
 }
 
-/// Run the sale, opening at the clock's current time. `on_answer` is called once per answered
-/// request (for a progress bar).
+/// Run the sale on fresh embedded stores, opening at the clock's current time. `on_answer` is
+/// called once per answered request (for a progress bar).
 pub async fn run(
     cfg: &DemoConfig,
     clock: Clock,
     on_answer: impl Fn() + Send + Sync + 'static,
 ) -> Result<DemoReport, DemoError> {
+    let b = EmbeddedBackend::new();
+    run_on(
+        cfg,
+        clock,
+        (&b.cache, &b.bus, &b.ledger),
+        ActivityId(1),
+        on_answer,
+    )
+    .await
+}
+
+/// Run the sale as activity `id` on the given stores (embedded or real). On real stores `id`
+/// must be new: warmup and install are idempotent and would reuse an earlier sale's stock.
+pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
+    cfg: &DemoConfig,
+    clock: Clock,
+    (cache, bus, ledger): (&C, &B, &L),
+    id: ActivityId,
+    on_answer: impl Fn() + Send + Sync + 'static,
+) -> Result<DemoReport, DemoError> {
     let wall_now_ms = clock.now_ms();
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let activity = Activity::new(ActivitySpec {
-        id: ActivityId(1),
+        id,
         total_stock: cfg.stock,
         buckets: cfg.buckets,
         fallback_pct: cfg.fallback_pct,
@@ -125,13 +153,12 @@ pub async fn run(
         pay_timeout_ms: 900_000,
     })?;
     let plan = StockPlan::new(&activity);
-    let backend = EmbeddedBackend::new();
-    backend.ledger.install(&activity, &plan).await?;
-    backend.cache.warmup(&plan).await?;
+    ledger.install(&activity, &plan).await?;
+    cache.warmup(&plan).await?;
 
     let service = PurchaseService::new(
-        backend.cache.clone(),
-        backend.bus.clone(),
+        cache.clone(),
+        bus.clone(),
         clock,
         PurchaseConfig::default(),
         &mut rng,
@@ -139,13 +166,8 @@ pub async fn run(
     service.load_activity(activity.clone()).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let source = backend.bus.subscribe("seckill-demo").await?;
-    let mut consumer = OrderConsumer::new(
-        backend.ledger.clone(),
-        backend.cache.clone(),
-        source,
-        DEFAULT_MAX_BATCH,
-    );
+    let source = bus.subscribe(ORDER_GROUP).await?;
+    let mut consumer = OrderConsumer::new(ledger.clone(), cache.clone(), source, DEFAULT_MAX_BATCH);
     let consumer_stop = stop.clone();
     let consumer_task = tokio::spawn(async move { consumer.run(&consumer_stop).await });
 
@@ -162,7 +184,7 @@ pub async fn run(
             .map(|&user| {
                 let (service, on_answer) = (service.clone(), on_answer.clone());
                 tokio::spawn(async move {
-                    let outcome = service.purchase(ActivityId(1), user, 1).await;
+                    let outcome = service.purchase(id, user, 1).await;
                     on_answer();
                     outcome
                 })
@@ -181,14 +203,7 @@ pub async fn run(
             }
         }
         if cfg.rebalance {
-            let moved = rebalance(
-                &backend.cache,
-                &backend.ledger,
-                &plan,
-                clock.now_ms(),
-                &RebalanceConfig::default(),
-            )
-            .await?;
+            let moved = rebalance(cache, ledger, &plan, clock.now_ms(), &RebalanceConfig::default()).await?;
             report.transfers += moved.len() as u64;
             report.units_moved += moved.iter().map(|t| t.units).sum::<u64>();
             if !moved.is_empty() {
@@ -197,13 +212,23 @@ pub async fn run(
         }
     }
 
+    // The consumer stops at its first empty poll after `stop`; first let it catch up with the bus.
+    let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    while bus.lag(ORDER_GROUP).await? > 0 {
+        if tokio::time::Instant::now() > deadline {
+            return Err(DemoError::Stuck(format!(
+                "the consumer did not drain the bus in {DRAIN_TIMEOUT:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop.store(true, std::sync::atomic::Ordering::Release);
     let consumed = consumer_task.await.expect("the consumer does not panic");
     report.redelivered = consumed.redelivered;
     report.duplicate_buyers = consumed.duplicate_buyers;
     report.dead_lettered = consumed.dead_lettered;
 
-    let snap = audit::snapshot(&backend.cache, &backend.ledger, &plan).await?;
+    let snap = audit::snapshot(cache, ledger, &plan).await?;
     for o in &snap.orders {
         match o.status {
             inv::OrderStatus::Failed => report.orders_failed += 1,

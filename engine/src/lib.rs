@@ -6,6 +6,8 @@
 //! implementation must pass.
 
 pub mod adapters;
+#[cfg(not(madsim))]
+pub mod backend;
 pub mod clock;
 pub mod conformance;
 pub mod demo;

@@ -4,4 +4,10 @@
 //! and MySQL adapters join here under `cfg(not(madsim))`.
 
 pub mod embedded;
+#[cfg(not(madsim))]
+pub mod kafka;
+#[cfg(not(madsim))]
+pub mod mysql;
+#[cfg(not(madsim))]
+pub mod redis;
 pub mod script;

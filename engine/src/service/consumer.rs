@@ -11,6 +11,8 @@ use crate::ports::{ApplyOutcome, Ledger, OrderSource, PortError, PortResult, Rel
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+/// The consumer group that applies orders to the ledger (`seckill audit` reads its lag).
+pub const ORDER_GROUP: &str = "seckill-orders";
 /// Deliveries per ledger transaction: large enough to amortize the commit (the point of
 /// batching), small enough that one transaction holds its row locks only briefly.
 pub const DEFAULT_MAX_BATCH: usize = 256;

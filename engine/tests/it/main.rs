@@ -6,4 +6,6 @@ mod demo;
 mod jobs;
 mod pipeline;
 mod purchase;
+#[cfg(not(madsim))]
+mod real;
 mod support;

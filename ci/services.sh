@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Install (if missing) and start, on loopback only, the three real stores the tests need:
+#   Redis (Debian redis-server): one instance on 6379 and a 3-master Cluster on 7000-7002;
+#   MariaDB (Debian mariadb-server): database `seckill`, user `seckill`;
+#   Apache Kafka, one KRaft node (broker + controller) on 9092, its jars from Maven Central
+#   through ci/kafka/pom.xml, run on the machine's Java 17.
+# Idempotent: whatever already answers is reused. Writes the connection settings to
+# $SECKILL_SERVICES_DIR/env (default target/services/env), which ci/test.sh sources.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+dir=${SECKILL_SERVICES_DIR:-$repo/target/services}
+mkdir -p "$dir"
+
+say() { printf '[services] %s\n' "$*"; }
+die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
+
+# wait_for SECONDS WHAT COMMAND...: retry COMMAND every 0.5 s until it succeeds.
+wait_for() {
+  local secs=$1 what=$2; shift 2
+  local tries=$((secs * 2))
+  for ((i = 0; i < tries; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.5
+  done
+  die "$what did not come up within ${secs}s"
+}
+
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q "$@" >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q "$@" >/dev/null; }
+}
+
+# ---------------------------------------------------------------------------------------------
+# Redis
+
+command -v redis-server >/dev/null || { say "installing redis-server"; apt_install redis-server redis-tools; }
+
+redis_up() { [ "$(redis-cli -p "$1" ping 2>/dev/null)" = PONG ]; }
+
+start_redis() { # port [extra args...]
+  local port=$1; shift
+  if redis_up "$port"; then say "redis on $port: already running"; return; fi
+  mkdir -p "$dir/redis-$port"
+  redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --save '' --appendonly no \
+    --dir "$dir/redis-$port" --logfile "$dir/redis-$port/redis.log" \
+    --pidfile "$dir/redis-$port/redis.pid" "$@"
+  wait_for 10 "redis on $port" redis_up "$port"
+  say "redis on $port: started"
+}
+
+start_redis 6379
+for port in 7000 7001 7002; do
+  start_redis "$port" --cluster-enabled yes --cluster-config-file "$dir/redis-$port/nodes.conf" \
+    --cluster-node-timeout 5000
+done
+cluster_ok() { redis-cli -p 7000 cluster info 2>/dev/null | grep -q 'cluster_state:ok'; }
+if ! cluster_ok; then
+  if [ "$(redis-cli -p 7000 cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" = 1 ]; then
+    redis-cli --cluster create 127.0.0.1:7000 127.0.0.1:7001 127.0.0.1:7002 \
+      --cluster-replicas 0 --cluster-yes >"$dir/redis-cluster-create.log"
+  fi
+  wait_for 30 "redis cluster state ok" cluster_ok
+fi
+say "redis cluster on 7000-7002: $(redis-cli -p 7000 cluster info | grep -E '^cluster_(state|known_nodes)' | tr -d '\r' | tr '\n' ' ')"
+
+# ---------------------------------------------------------------------------------------------
+# MariaDB
+
+command -v mariadbd >/dev/null || { say "installing mariadb-server"; apt_install mariadb-server mariadb-client; }
+
+mariadb_up() { mariadb-admin --protocol=socket ping >/dev/null 2>&1; }
+if ! mariadb_up; then
+  # No systemd in a container: the Debian init script starts mysqld_safe with the packaged config.
+  service mariadb start >/dev/null 2>&1 || {
+    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+    (setsid mysqld_safe >"$dir/mariadb.out" 2>&1 &)
+  }
+  wait_for 60 "mariadb" mariadb_up
+  say "mariadb: started"
+else
+  say "mariadb: already running"
+fi
+# The tests create their own databases (seckill_*) so that runs never see each other's rows.
+mariadb --protocol=socket <<'SQL'
+CREATE DATABASE IF NOT EXISTS seckill;
+CREATE USER IF NOT EXISTS 'seckill'@'localhost' IDENTIFIED BY 'seckill';
+CREATE USER IF NOT EXISTS 'seckill'@'127.0.0.1' IDENTIFIED BY 'seckill';
+GRANT ALL PRIVILEGES ON `seckill%`.* TO 'seckill'@'localhost';
+GRANT ALL PRIVILEGES ON `seckill%`.* TO 'seckill'@'127.0.0.1';
+FLUSH PRIVILEGES;
+SQL
+
+# ---------------------------------------------------------------------------------------------
+# Kafka (KRaft, one node)
+
+kafka_dir=$dir/kafka
+libs=$kafka_dir/libs
+java -version 2>&1 | grep -q '"17\.' || die "Kafka needs Java 17 (java -version: $(java -version 2>&1 | head -1))"
+if [ ! -f "$libs/.complete" ]; then
+  say "fetching the Kafka broker jars from Maven Central (ci/kafka/pom.xml)"
+  rm -rf "$libs"
+  mvn -q -B -f ci/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+    -DoutputDirectory="$libs" >"$kafka_dir.mvn.log" 2>&1 || { tail -20 "$kafka_dir.mvn.log"; die "mvn failed"; }
+  touch "$libs/.complete"
+fi
+kafka_class() { java -cp "$libs/*" "$@" 2>&1 | grep -v '^SLF4J'; }
+kafka_up() { kafka_class org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+if ! port_open 9092; then
+  mkdir -p "$kafka_dir/data"
+  sed "s|@DATA@|$kafka_dir/data|" ci/kafka/server.properties >"$kafka_dir/server.properties"
+  if [ ! -f "$kafka_dir/data/meta.properties" ]; then
+    cluster_id=$(kafka_class kafka.tools.StorageTool random-uuid | tail -1)
+    kafka_class kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" >/dev/null
+  fi
+  (setsid java -Xms256m -Xmx512m -cp "$libs/*" kafka.Kafka "$kafka_dir/server.properties" \
+    >"$kafka_dir/kafka.out" 2>&1 &)
+  wait_for 90 "kafka on 9092" port_open 9092
+  say "kafka: started"
+else
+  say "kafka: already running"
+fi
+wait_for 60 "kafka answering metadata requests" kafka_up
+for topic in seckill.orders seckill.orders.dlq; do
+  kafka_class org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --create \
+    --if-not-exists --topic "$topic" --partitions 6 --replication-factor 1 | grep -v WARNING || true
+done
+
+# ---------------------------------------------------------------------------------------------
+
+cat >"$dir/env" <<EOF
+export REDIS_URL=redis://127.0.0.1:6379
+export REDIS_CLUSTER_NODES=redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002
+export DATABASE_URL=mysql://seckill:seckill@127.0.0.1:3306/seckill
+export KAFKA_BROKERS=127.0.0.1:9092
+export REDIS_SERVER_BIN=$(command -v redis-server)
+EOF
+
+say "versions:"
+say "  $(redis-server --version)"
+say "  $(mariadbd --version)"
+say "  kafka $(ls "$libs" | sed -n 's/^kafka_2\.13-\(.*\)\.jar$/\1/p') (KRaft), $(java -version 2>&1 | head -1)"
+say "settings in $dir/env"

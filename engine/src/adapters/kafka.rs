@@ -1,0 +1,381 @@
+//! The order bus on Apache Kafka (rdkafka / librdkafka), DESIGN §5.
+//!
+//! Producer: idempotent (`enable.idempotence=true`, `acks=all`), key `A.b` so one bucket's orders
+//! keep their order, bounded `message.timeout.ms`. A delivery failure after the record left our
+//! queue is `Indeterminate` (the broker may hold it; the reconciler republishes and the ledger
+//! dedupes); a full local queue is `Determinate`.
+//!
+//! Consumer: one group member per `subscribe`, `enable.auto.commit=false` and no automatic offset
+//! store — offsets move only through `commit`, which the consumer service calls after the ledger
+//! committed. `rewind` seeks every assigned partition back to the group's committed offset, so a
+//! failed batch is delivered again. librdkafka's offset calls block, so they run on the blocking
+//! pool, never on an async worker.
+
+use crate::domain::Reservation;
+use crate::ports::{Delivery, OrderBus, OrderSource, PortError, PortResult};
+use futures::FutureExt;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    pub topic: String,
+    pub dlq_topic: String,
+    /// Partitions a topic is created with (when we create it).
+    pub partitions: i32,
+    /// How long a record may wait for the broker's ack before its outcome counts as unknown.
+    pub message_timeout: Duration,
+    /// How long `poll` waits for the first record before returning an empty batch.
+    pub poll_wait: Duration,
+    /// Bound on metadata / offset calls to the broker.
+    pub request_timeout: Duration,
+}
+
+impl KafkaConfig {
+    pub fn new(brokers: &str, topic: &str) -> Self {
+        KafkaConfig {
+            brokers: brokers.to_string(),
+            topic: topic.to_string(),
+            dlq_topic: format!("{topic}.dlq"),
+            partitions: 6,
+            message_timeout: Duration::from_secs(3),
+            poll_wait: Duration::from_millis(500),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct KafkaBus {
+    cfg: Arc<KafkaConfig>,
+    producer: FutureProducer,
+}
+
+fn client_config(cfg: &KafkaConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers)
+        // librdkafka logs to stderr by default; its errors reach us as results.
+        .set("log_level", "3");
+    c
+}
+
+fn kafka_err(op: &'static str, e: KafkaError) -> PortError {
+    PortError::determinate(op, e.to_string())
+}
+
+/// Run a blocking librdkafka call on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    op: &'static str,
+    f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> PortResult<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(|e| kafka_err(op, e)),
+        Err(e) => Err(PortError::indeterminate(op, e.to_string())),
+    }
+}
+
+impl KafkaBus {
+    pub fn connect(cfg: KafkaConfig) -> PortResult<KafkaBus> {
+        let producer: FutureProducer = client_config(&cfg)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", cfg.message_timeout.as_millis().to_string())
+            // Bound the in-process queue: a full queue refuses (Determinate) instead of growing.
+            .set("queue.buffering.max.messages", "100000")
+            .set("linger.ms", "2")
+            .create()
+            .map_err(|e| kafka_err("kafka producer", e))?;
+        Ok(KafkaBus {
+            cfg: Arc::new(cfg),
+            producer,
+        })
+    }
+
+    pub fn config(&self) -> &KafkaConfig {
+        &self.cfg
+    }
+
+    /// Create the order topic and its DLQ with the configured partition count (existing topics
+    /// are left as they are).
+    pub async fn ensure_topics(&self) -> PortResult<()> {
+        let admin: AdminClient<DefaultClientContext> = client_config(&self.cfg)
+            .create()
+            .map_err(|e| kafka_err("kafka admin", e))?;
+        let topics = [
+            NewTopic::new(&self.cfg.topic, self.cfg.partitions, TopicReplication::Fixed(1)),
+            NewTopic::new(
+                &self.cfg.dlq_topic,
+                self.cfg.partitions,
+                TopicReplication::Fixed(1),
+            ),
+        ];
+        let opts = AdminOptions::new().operation_timeout(Some(self.cfg.request_timeout));
+        let results = admin
+            .create_topics(&topics, &opts)
+            .await
+            .map_err(|e| kafka_err("create topics", e))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => {
+                    return Err(PortError::determinate(
+                        "create topics",
+                        format!("{topic}: {code}"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn send(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: &[u8],
+        headers: Option<OwnedHeaders>,
+    ) -> PortResult<()> {
+        let mut record = FutureRecord::to(topic).key(key).payload(payload);
+        if let Some(h) = headers {
+            record = record.headers(h);
+        }
+        match self.producer.send(record, Duration::ZERO).await {
+            Ok(_) => Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err(PortError::determinate("publish", "producer queue full"))
+            }
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                Err(PortError::determinate("publish", "message too large"))
+            }
+            Err((e, _)) => Err(PortError::indeterminate("publish", e.to_string())),
+        }
+    }
+
+    /// Wait until everything queued has been acknowledged (or failed): graceful shutdown.
+    pub async fn flush(&self) -> PortResult<()> {
+        use rdkafka::producer::Producer;
+        let producer = self.producer.clone();
+        let timeout = self.cfg.message_timeout;
+        blocking("flush", move || producer.flush(timeout)).await
+    }
+
+    /// Per-partition (low, high) watermarks of the order topic.
+    async fn watermarks(&self, consumer: Arc<BaseConsumer>) -> PortResult<Vec<(i32, i64, i64)>> {
+        let (topic, timeout) = (self.cfg.topic.clone(), self.cfg.request_timeout);
+        blocking("watermarks", move || {
+            let md = consumer.fetch_metadata(Some(&topic), timeout)?;
+            let partitions: Vec<i32> = md
+                .topics()
+                .iter()
+                .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+                .collect();
+            partitions
+                .into_iter()
+                .map(|p| {
+                    consumer
+                        .fetch_watermarks(&topic, p, timeout)
+                        .map(|(lo, hi)| (p, lo, hi))
+                })
+                .collect()
+        })
+        .await
+    }
+}
+
+impl OrderBus for KafkaBus {
+    type Source = KafkaSource;
+
+    async fn publish(&self, r: &Reservation) -> PortResult<()> {
+        self.send(&self.cfg.topic, &r.bus_key(), &r.encode(), None).await
+    }
+
+    async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
+        self.send(&self.cfg.topic, key, payload, None).await
+    }
+
+    async fn lag(&self, group: &str) -> PortResult<u64> {
+        let consumer: Arc<BaseConsumer> = Arc::new(
+            client_config(&self.cfg)
+                .set("group.id", group)
+                .set("enable.auto.commit", "false")
+                .create()
+                .map_err(|e| kafka_err("lag", e))?,
+        );
+        let marks = self.watermarks(consumer.clone()).await?;
+        let mut tpl = TopicPartitionList::new();
+        for &(p, _, _) in &marks {
+            tpl.add_partition(&self.cfg.topic, p);
+        }
+        let timeout = self.cfg.request_timeout;
+        let committed = blocking("lag", move || consumer.committed_offsets(tpl, timeout)).await?;
+        let mut lag = 0u64;
+        for (p, low, high) in marks {
+            let at = match committed.find_partition(&self.cfg.topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o.max(low),
+                _ => low,
+            };
+            lag += (high - at).max(0) as u64;
+        }
+        Ok(lag)
+    }
+
+    async fn subscribe(&self, group: &str) -> PortResult<KafkaSource> {
+        let consumer: StreamConsumer = client_config(&self.cfg)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "6000")
+            .set("enable.partition.eof", "false")
+            .create()
+            .map_err(|e| kafka_err("subscribe", e))?;
+        consumer
+            .subscribe(&[&self.cfg.topic])
+            .map_err(|e| kafka_err("subscribe", e))?;
+        let mut source = KafkaSource {
+            bus: self.clone(),
+            consumer: Arc::new(consumer),
+            early: Vec::new(),
+        };
+        source.await_ready(group).await?;
+        Ok(source)
+    }
+}
+
+/// One member of the consumer group.
+pub struct KafkaSource {
+    bus: KafkaBus,
+    consumer: Arc<StreamConsumer>,
+    /// Records received while waiting for the first assignment, handed out by the next poll.
+    early: Vec<Delivery>,
+}
+
+fn delivery_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Delivery {
+    Delivery {
+        partition: m.partition() as u32,
+        offset: m.offset() as u64,
+        key: m
+            .key()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .unwrap_or_default(),
+        payload: m.payload().unwrap_or_default().to_vec(),
+    }
+}
+
+impl KafkaSource {
+    /// Joining a group takes a rebalance, and fetching starts only after it; a source that
+    /// returned before then would poll empty batches and look drained. So: wait for an
+    /// assignment, and if the group has a backlog, for its first record (bounded: with other
+    /// members, the backlog may be theirs).
+    async fn await_ready(&mut self, group: &str) -> PortResult<()> {
+        let deadline = tokio::time::Instant::now() + self.bus.cfg.request_timeout * 2;
+        let mut backlog = None;
+        while tokio::time::Instant::now() < deadline && self.early.is_empty() {
+            let assigned = self
+                .consumer
+                .assignment()
+                .map_err(|e| kafka_err("subscribe", e))?;
+            if assigned.count() > 0 {
+                if backlog.is_none() {
+                    backlog = Some(self.bus.lag(group).await?);
+                }
+                if backlog == Some(0) {
+                    return Ok(());
+                }
+            }
+            // Driving recv is what lets librdkafka serve the rebalance and the first fetch.
+            if let Ok(m) = tokio::time::timeout(Duration::from_millis(100), self.consumer.recv()).await {
+                let m = m.map_err(|e| kafka_err("subscribe", e))?;
+                self.early.push(delivery_of(&m));
+            }
+        }
+        if backlog.is_none() && self.early.is_empty() {
+            return Err(PortError::determinate(
+                "subscribe",
+                "no partitions assigned in time",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl OrderSource for KafkaSource {
+    async fn poll(&mut self, max: usize) -> PortResult<Vec<Delivery>> {
+        let max = max.max(1);
+        let mut batch: Vec<Delivery> = std::mem::take(&mut self.early);
+        if batch.is_empty() {
+            match tokio::time::timeout(self.bus.cfg.poll_wait, self.consumer.recv()).await {
+                Err(_) => return Ok(Vec::new()),
+                Ok(Err(e)) => return Err(kafka_err("poll", e)),
+                Ok(Ok(m)) => batch.push(delivery_of(&m)),
+            }
+        }
+        // Then whatever is already fetched, without waiting.
+        while batch.len() < max {
+            match self.consumer.recv().now_or_never() {
+                Some(Ok(m)) => batch.push(delivery_of(&m)),
+                Some(Err(e)) => return Err(kafka_err("poll", e)),
+                None => break,
+            }
+        }
+        Ok(batch)
+    }
+
+    async fn commit(&mut self, batch: &[Delivery]) -> PortResult<()> {
+        let mut next: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+        for d in batch {
+            let e = next.entry(d.partition).or_default();
+            *e = (*e).max(d.offset + 1);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in next {
+            tpl.add_partition_offset(&self.bus.cfg.topic, p as i32, Offset::Offset(o as i64))
+                .map_err(|e| kafka_err("commit", e))?;
+        }
+        let consumer = self.consumer.clone();
+        blocking("commit", move || consumer.commit(&tpl, CommitMode::Sync)).await
+    }
+
+    async fn dead_letter(&mut self, d: &Delivery, reason: &str) -> PortResult<()> {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "reason",
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: "origin",
+                value: Some(&format!("{}/{}@{}", self.bus.cfg.topic, d.partition, d.offset)),
+            });
+        self.bus
+            .send(&self.bus.cfg.dlq_topic, &d.key, &d.payload, Some(headers))
+            .await
+    }
+
+    async fn rewind(&mut self) -> PortResult<()> {
+        self.early.clear();
+        let consumer = self.consumer.clone();
+        let timeout = self.bus.cfg.request_timeout;
+        blocking("rewind", move || {
+            let committed = consumer.committed(timeout)?;
+            let mut tpl = TopicPartitionList::new();
+            for e in committed.elements() {
+                let to = match e.offset() {
+                    Offset::Offset(o) => Offset::Offset(o),
+                    _ => Offset::Beginning,
+                };
+                tpl.add_partition_offset(e.topic(), e.partition(), to)?;
+            }
+            consumer.seek_partitions(tpl, timeout).map(|_| ())
+        })
+        .await
+    }
+}

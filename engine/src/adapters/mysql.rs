@@ -1,0 +1,544 @@
+//! The ledger on MySQL / MariaDB (sqlx, MySQL driver), with the schema of `migrations/`
+//! (DESIGN §6). The database is the final word on what was sold: both unique keys of
+//! `seckill_order` are the consumer's idempotency, and the conditional `UPDATE … WHERE
+//! remaining >= qty` is the last guard against overselling.
+//!
+//! A batch is ONE transaction. Inside it every event inserts its order row first — a
+//! duplicate-key error (which InnoDB rolls back per statement, not per transaction) is classified
+//! into Redelivered / DuplicateBuyer — then takes the stock conditionally. Errors before COMMIT
+//! are `Determinate` (the server rolls the transaction back); an error on COMMIT itself is
+//! `Indeterminate`. Queries are built at run time (no `query!` macros): the crate builds without
+//! a live database.
+
+use crate::domain::{
+    Activity, ActivityId, ActivitySpec, BucketNo, Reservation, ReservationId, StockPlan, UserId,
+};
+use crate::ports::{
+    ApplyOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow, OrderStatus,
+    PayOutcome, PortError, PortResult, Transfer,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{MySql, Row, Transaction};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The schema, embedded at build time; `seckill migrate` and `MysqlLedger::migrate` apply it.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MysqlConfig {
+    pub url: String,
+    /// Pool size: one connection per consumer batch in flight plus the jobs; MySQL's own limit
+    /// is far above it.
+    pub max_connections: u32,
+    /// How long a caller waits for a pooled connection before the ledger counts as unavailable.
+    pub acquire_timeout: Duration,
+}
+
+impl MysqlConfig {
+    pub fn new(url: &str) -> Self {
+        MysqlConfig {
+            url: url.to_string(),
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct MysqlLedger {
+    pool: MySqlPool,
+}
+
+fn determinate(op: &'static str) -> impl Fn(sqlx::Error) -> PortError {
+    move |e| PortError::determinate(op, e.to_string())
+}
+
+fn parse_status(s: &str) -> PortResult<OrderStatus> {
+    Ok(match s {
+        "created" => OrderStatus::Created,
+        "paid" => OrderStatus::Paid,
+        "cancelled" => OrderStatus::Cancelled,
+        "failed" => OrderStatus::Failed,
+        other => {
+            return Err(PortError::determinate(
+                "read order",
+                format!("unknown status {other:?}"),
+            ))
+        }
+    })
+}
+
+fn kind_str(k: JournalKind) -> &'static str {
+    match k {
+        JournalKind::Order => "order",
+        JournalKind::Cancel => "cancel",
+        JournalKind::Transfer => "transfer",
+        JournalKind::Adjust => "adjust",
+    }
+}
+
+fn parse_kind(s: &str) -> PortResult<JournalKind> {
+    Ok(match s {
+        "order" => JournalKind::Order,
+        "cancel" => JournalKind::Cancel,
+        "transfer" => JournalKind::Transfer,
+        "adjust" => JournalKind::Adjust,
+        other => {
+            return Err(PortError::determinate(
+                "read journal",
+                format!("unknown kind {other:?}"),
+            ))
+        }
+    })
+}
+
+const ORDER_COLUMNS: &str = "reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status";
+
+fn order_of_row(row: &MySqlRow) -> PortResult<OrderRow> {
+    let get = |e: sqlx::Error| PortError::determinate("read order", e.to_string());
+    let id: String = row.try_get("reservation_id").map_err(get)?;
+    let status: String = row.try_get("status").map_err(get)?;
+    Ok(OrderRow {
+        reservation: Reservation {
+            id: ReservationId::from_str(&id).map_err(|e| PortError::determinate("read order", e))?,
+            activity: ActivityId(row.try_get::<u64, _>("activity_id").map_err(get)?),
+            user: UserId(row.try_get::<u64, _>("user_id").map_err(get)?),
+            bucket: BucketNo(row.try_get::<u32, _>("bucket_no").map_err(get)?),
+            qty: row.try_get::<u32, _>("qty").map_err(get)?,
+            reserved_at_ms: row.try_get::<u64, _>("reserved_at_ms").map_err(get)?,
+        },
+        status: parse_status(&status)?,
+    })
+}
+
+/// Is this a duplicate-key error (and nothing else)?
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.kind() == sqlx::error::ErrorKind::UniqueViolation)
+}
+
+fn is_foreign_key_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.kind() == sqlx::error::ErrorKind::ForeignKeyViolation)
+}
+
+impl MysqlLedger {
+    /// A lazy pool: nothing is dialled until the first query, so an engine can start (and answer
+    /// 503) while the database is down.
+    pub fn connect_lazy(cfg: &MysqlConfig) -> PortResult<MysqlLedger> {
+        let options = MySqlConnectOptions::from_str(&cfg.url)
+            .map_err(|e| PortError::determinate("mysql config", format!("DATABASE_URL: {e}")))?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(cfg.max_connections)
+            .acquire_timeout(cfg.acquire_timeout)
+            .connect_lazy_with(options);
+        Ok(MysqlLedger { pool })
+    }
+
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// Apply `migrations/` (idempotent: applied versions are recorded in `_sqlx_migrations`).
+    pub async fn migrate(&self) -> PortResult<()> {
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| PortError::determinate("migrate", e.to_string()))
+    }
+
+    async fn begin(&self, op: &'static str) -> PortResult<Transaction<'static, MySql>> {
+        self.pool.begin().await.map_err(determinate(op))
+    }
+
+    async fn commit(op: &'static str, tx: Transaction<'static, MySql>) -> PortResult<()> {
+        tx.commit()
+            .await
+            .map_err(|e| PortError::indeterminate(op, format!("commit: {e}")))
+    }
+
+    /// The activity as installed, for tools that start from an id (`seckill audit`).
+    pub async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
+        let row = sqlx::query(
+            "SELECT total_stock, bucket_count, fallback_pct, per_user_limit, start_ms, end_ms, \
+             pay_timeout_ms FROM activity WHERE id = ?",
+        )
+        .bind(id.0)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(determinate("read activity"))?;
+        let Some(row) = row else { return Ok(None) };
+        let get = |e: sqlx::Error| PortError::determinate("read activity", e.to_string());
+        let spec = ActivitySpec {
+            id,
+            total_stock: row.try_get("total_stock").map_err(get)?,
+            buckets: row.try_get("bucket_count").map_err(get)?,
+            fallback_pct: row.try_get("fallback_pct").map_err(get)?,
+            per_user_limit: row.try_get("per_user_limit").map_err(get)?,
+            start_ms: row.try_get("start_ms").map_err(get)?,
+            end_ms: row.try_get("end_ms").map_err(get)?,
+            pay_timeout_ms: row.try_get("pay_timeout_ms").map_err(get)?,
+        };
+        Activity::new(spec).map(Some).map_err(|e| {
+            PortError::determinate("read activity", format!("stored activity {id} is invalid: {e}"))
+        })
+    }
+
+    async fn journal(
+        tx: &mut Transaction<'static, MySql>,
+        activity: ActivityId,
+        e: &JournalEntry,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO stock_journal (activity_id, bucket_no, kind, reference, delta) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(activity.0)
+        .bind(e.bucket.0)
+        .bind(kind_str(e.kind))
+        .bind(&e.reference)
+        .bind(e.delta)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())
+    }
+
+    async fn apply_one(
+        tx: &mut Transaction<'static, MySql>,
+        r: &Reservation,
+    ) -> Result<ApplyOutcome, sqlx::Error> {
+        let id = r.id.to_string();
+        let insert = sqlx::query(
+            "INSERT INTO seckill_order (reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status) \
+             VALUES (?, ?, ?, ?, ?, ?, 'created')",
+        )
+        .bind(&id)
+        .bind(r.activity.0)
+        .bind(r.user.0)
+        .bind(r.bucket.0)
+        .bind(r.qty)
+        .bind(r.reserved_at_ms)
+        .execute(&mut **tx)
+        .await;
+        match insert {
+            Ok(_) => {}
+            Err(e) if is_foreign_key_violation(&e) => return Ok(ApplyOutcome::UnknownBucket),
+            Err(e) if is_unique_violation(&e) => {
+                let same: Option<(String,)> =
+                    sqlx::query_as("SELECT reservation_id FROM seckill_order WHERE reservation_id = ?")
+                        .bind(&id)
+                        .fetch_optional(&mut **tx)
+                        .await?;
+                if same.is_some() {
+                    return Ok(ApplyOutcome::Redelivered);
+                }
+                let (existing,): (String,) = sqlx::query_as(
+                    "SELECT reservation_id FROM seckill_order WHERE activity_id = ? AND user_id = ?",
+                )
+                .bind(r.activity.0)
+                .bind(r.user.0)
+                .fetch_one(&mut **tx)
+                .await?;
+                let existing = ReservationId::from_str(&existing)
+                    .map_err(|e| sqlx::Error::Decode(format!("reservation_id: {e}").into()))?;
+                return Ok(ApplyOutcome::DuplicateBuyer { existing });
+            }
+            Err(e) => return Err(e),
+        }
+        let taken = sqlx::query(
+            "UPDATE stock_bucket SET remaining = remaining - ? \
+             WHERE activity_id = ? AND bucket_no = ? AND remaining >= ?",
+        )
+        .bind(r.qty)
+        .bind(r.activity.0)
+        .bind(r.bucket.0)
+        .bind(r.qty)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        if taken == 0 {
+            sqlx::query("UPDATE seckill_order SET status = 'failed' WHERE reservation_id = ?")
+                .bind(&id)
+                .execute(&mut **tx)
+                .await?;
+            return Ok(ApplyOutcome::OutOfStock);
+        }
+        let entry = JournalEntry {
+            bucket: r.bucket,
+            kind: JournalKind::Order,
+            reference: id,
+            delta: -(r.qty as i64),
+        };
+        Self::journal(tx, r.activity, &entry).await?;
+        Ok(ApplyOutcome::Created)
+    }
+}
+
+impl Ledger for MysqlLedger {
+    async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
+        let op = "cancel unpaid";
+        let mut tx = self.begin(op).await?;
+        let timeout: Option<(u64,)> = sqlx::query_as("SELECT pay_timeout_ms FROM activity WHERE id = ?")
+            .bind(activity.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(determinate(op))?;
+        let Some((timeout,)) = timeout else {
+            return Ok(Vec::new());
+        };
+        let due = sqlx::query(
+            "SELECT reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status \
+             FROM seckill_order WHERE activity_id = ? AND status = 'created' AND reserved_at_ms <= ? \
+             ORDER BY id FOR UPDATE",
+        )
+        .bind(activity.0)
+        .bind(now_ms.saturating_sub(timeout))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(determinate(op))?;
+        let mut cancelled = Vec::with_capacity(due.len());
+        for row in &due {
+            let r = order_of_row(row)?.reservation;
+            let id = r.id.to_string();
+            let step = async {
+                sqlx::query("UPDATE seckill_order SET status = 'cancelled' WHERE reservation_id = ? AND status = 'created'")
+                    .bind(&id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?")
+                    .bind(r.qty)
+                    .bind(activity.0)
+                    .bind(r.bucket.0)
+                    .execute(&mut *tx)
+                    .await?;
+                let entry = JournalEntry {
+                    bucket: r.bucket,
+                    kind: JournalKind::Cancel,
+                    reference: id.clone(),
+                    delta: r.qty as i64,
+                };
+                Self::journal(&mut tx, activity, &entry).await
+            };
+            step.await.map_err(determinate(op))?;
+            cancelled.push(r);
+        }
+        Self::commit(op, tx).await?;
+        Ok(cancelled)
+    }
+
+    async fn install(&self, activity: &Activity, plan: &StockPlan) -> PortResult<bool> {
+        let op = "install";
+        let s = activity.spec();
+        let mut tx = self.begin(op).await?;
+        let created = sqlx::query(
+            "INSERT IGNORE INTO activity (id, total_stock, bucket_count, fallback_pct, per_user_limit, \
+             start_ms, end_ms, pay_timeout_ms, plan_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(s.id.0)
+        .bind(s.total_stock)
+        .bind(s.buckets)
+        .bind(s.fallback_pct)
+        .bind(s.per_user_limit)
+        .bind(s.start_ms)
+        .bind(s.end_ms)
+        .bind(s.pay_timeout_ms)
+        .bind(&plan.version)
+        .execute(&mut *tx)
+        .await
+        .map_err(determinate(op))?
+        .rows_affected()
+            == 1;
+        if !created {
+            let (version,): (String,) = sqlx::query_as("SELECT plan_version FROM activity WHERE id = ?")
+                .bind(s.id.0)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(determinate(op))?;
+            if version != plan.version {
+                return Err(PortError::determinate(
+                    op,
+                    format!(
+                        "activity {} is installed with plan {version}, not {}",
+                        s.id, plan.version
+                    ),
+                ));
+            }
+            return Ok(false);
+        }
+        for b in plan.all_buckets() {
+            sqlx::query(
+                "INSERT INTO stock_bucket (activity_id, bucket_no, initial, remaining) VALUES (?, ?, ?, ?)",
+            )
+            .bind(s.id.0)
+            .bind(b.0)
+            .bind(plan.initial(b))
+            .bind(plan.initial(b) as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(determinate(op))?;
+        }
+        Self::commit(op, tx).await?;
+        Ok(true)
+    }
+
+    async fn apply(&self, batch: &[Reservation]) -> PortResult<Vec<ApplyOutcome>> {
+        let op = "apply";
+        let mut tx = self.begin(op).await?;
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for r in batch {
+            outcomes.push(Self::apply_one(&mut tx, r).await.map_err(determinate(op))?);
+        }
+        Self::commit(op, tx).await?;
+        Ok(outcomes)
+    }
+
+    async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
+        let op = "pay";
+        let id = id.to_string();
+        let paid = sqlx::query(
+            "UPDATE seckill_order SET status = 'paid' WHERE reservation_id = ? AND status = 'created'",
+        )
+        .bind(&id)
+        .execute(&self.pool)
+        .await
+        // A single autocommit statement whose reply was lost may have committed.
+        .map_err(|e| PortError::indeterminate(op, e.to_string()))?
+        .rows_affected();
+        if paid == 1 {
+            return Ok(PayOutcome::Paid);
+        }
+        let status: Option<(String,)> =
+            sqlx::query_as("SELECT status FROM seckill_order WHERE reservation_id = ?")
+                .bind(&id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(determinate(op))?;
+        Ok(match status {
+            None => PayOutcome::NotFound,
+            Some((s,)) => match parse_status(&s)? {
+                OrderStatus::Paid => PayOutcome::AlreadyPaid,
+                other => PayOutcome::NotPayable(other),
+            },
+        })
+    }
+
+    async fn transfer(&self, activity: ActivityId, t: &Transfer) -> PortResult<bool> {
+        let op = "transfer";
+        let mut tx = self.begin(op).await?;
+        let done: Option<(u64,)> = sqlx::query_as(
+            "SELECT id FROM stock_journal WHERE activity_id = ? AND kind = 'transfer' AND reference = ? LIMIT 1",
+        )
+        .bind(activity.0)
+        .bind(&t.id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(determinate(op))?;
+        if done.is_some() {
+            return Ok(false);
+        }
+        let taken = sqlx::query(
+            "UPDATE stock_bucket SET remaining = remaining - ? WHERE activity_id = ? AND bucket_no = ? AND remaining >= ?",
+        )
+        .bind(t.units)
+        .bind(activity.0)
+        .bind(t.from.0)
+        .bind(t.units)
+        .execute(&mut *tx)
+        .await
+        .map_err(determinate(op))?
+        .rows_affected();
+        if taken == 0 {
+            return Err(PortError::determinate(
+                op,
+                format!("bucket {} is missing or lacks {} units", t.from, t.units),
+            ));
+        }
+        let given = sqlx::query(
+            "UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?",
+        )
+        .bind(t.units)
+        .bind(activity.0)
+        .bind(t.to.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(determinate(op))?
+        .rows_affected();
+        if given == 0 {
+            return Err(PortError::determinate(op, format!("no bucket {}", t.to)));
+        }
+        for (bucket, delta) in [(t.from, -(t.units as i64)), (t.to, t.units as i64)] {
+            let entry = JournalEntry {
+                bucket,
+                kind: JournalKind::Transfer,
+                reference: t.id.clone(),
+                delta,
+            };
+            Self::journal(&mut tx, activity, &entry)
+                .await
+                .map_err(determinate(op))?;
+        }
+        Self::commit(op, tx).await?;
+        Ok(true)
+    }
+
+    async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM seckill_order WHERE activity_id = ? AND user_id = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(activity.0)
+            .bind(user.0)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(determinate("order of"))?;
+        row.as_ref().map(order_of_row).transpose()
+    }
+
+    async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
+        let op = "ledger snapshot";
+        // One consistent read view for the three tables.
+        let mut tx = self.begin(op).await?;
+        let buckets = sqlx::query(
+            "SELECT bucket_no, initial, remaining FROM stock_bucket WHERE activity_id = ? ORDER BY bucket_no",
+        )
+        .bind(activity.0)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(determinate(op))?;
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM seckill_order WHERE activity_id = ? ORDER BY id");
+        let orders = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(activity.0)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(determinate(op))?;
+        let journal = sqlx::query(
+            "SELECT bucket_no, kind, reference, delta FROM stock_journal WHERE activity_id = ? ORDER BY id",
+        )
+        .bind(activity.0)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(determinate(op))?;
+        drop(tx);
+        let get = |e: sqlx::Error| PortError::determinate(op, e.to_string());
+        Ok(LedgerView {
+            buckets: buckets
+                .iter()
+                .map(|row| {
+                    Ok(LedgerBucket {
+                        bucket: BucketNo(row.try_get("bucket_no").map_err(get)?),
+                        initial: row.try_get("initial").map_err(get)?,
+                        remaining: row.try_get("remaining").map_err(get)?,
+                    })
+                })
+                .collect::<PortResult<_>>()?,
+            orders: orders.iter().map(order_of_row).collect::<PortResult<_>>()?,
+            journal: journal
+                .iter()
+                .map(|row| {
+                    Ok(JournalEntry {
+                        bucket: BucketNo(row.try_get("bucket_no").map_err(get)?),
+                        kind: parse_kind(&row.try_get::<String, _>("kind").map_err(get)?)?,
+                        reference: row.try_get("reference").map_err(get)?,
+                        delta: row.try_get("delta").map_err(get)?,
+                    })
+                })
+                .collect::<PortResult<_>>()?,
+        })
+    }
+}
