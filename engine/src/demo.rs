@@ -161,7 +161,9 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
         bus.clone(),
         clock,
         PurchaseConfig::default(),
-        &mut rng,
+        // Reservation ids are unique keys of a ledger that may outlive this sale (real stores),
+        // so their generator is seeded by the activity as well as the seed.
+        &mut StdRng::seed_from_u64(cfg.seed ^ id.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
     );
     service.load_activity(activity.clone()).await?;
 

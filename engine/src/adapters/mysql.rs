@@ -146,16 +146,6 @@ impl MysqlLedger {
             .map_err(|e| PortError::determinate("migrate", e.to_string()))
     }
 
-    async fn begin(&self, op: &'static str) -> PortResult<Transaction<'static, MySql>> {
-        self.pool.begin().await.map_err(determinate(op))
-    }
-
-    async fn commit(op: &'static str, tx: Transaction<'static, MySql>) -> PortResult<()> {
-        tx.commit()
-            .await
-            .map_err(|e| PortError::indeterminate(op, format!("commit: {e}")))
-    }
-
     /// The activity as installed, for tools that start from an id (`seckill audit`).
     pub async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
         let row = sqlx::query(
@@ -272,62 +262,115 @@ impl MysqlLedger {
     }
 }
 
-impl Ledger for MysqlLedger {
-    async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
-        let op = "cancel unpaid";
-        let mut tx = self.begin(op).await?;
+/// Why one attempt at a transaction failed.
+enum TxError {
+    /// A statement failed; the server rolled the transaction back.
+    Sql(sqlx::Error),
+    /// COMMIT failed: the transaction may or may not have committed.
+    Commit(sqlx::Error),
+    /// The ledger refuses the operation (its precondition does not hold).
+    Refused(PortError),
+}
+
+impl From<sqlx::Error> for TxError {
+    fn from(e: sqlx::Error) -> Self {
+        TxError::Sql(e)
+    }
+}
+
+type TxResult<T> = Result<T, TxError>;
+
+/// Attempts per transaction: InnoDB resolves a deadlock by rolling one transaction back (the
+/// consumer's batch and the rebalancer's transfer lock bucket rows in different orders), and the
+/// victim is expected to run again.
+const TX_ATTEMPTS: u32 = 4;
+
+/// Deadlock victim (1213) or lock wait timeout (1205): rolled back, safe to run again.
+fn is_retryable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|m| matches!(m.number(), 1213 | 1205)),
+        _ => false,
+    }
+}
+
+/// Run `attempt` (one whole transaction, begin to commit) until it succeeds, is refused, or fails
+/// in a way that is not a deadlock.
+async fn retrying<T, Fut: std::future::Future<Output = TxResult<T>>>(
+    op: &'static str,
+    mut attempt: impl FnMut() -> Fut,
+) -> PortResult<T> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(TxError::Sql(e)) if is_retryable(&e) && tries < TX_ATTEMPTS => {
+                tokio::time::sleep(Duration::from_millis(5 << tries)).await;
+            }
+            Err(TxError::Sql(e)) => return Err(PortError::determinate(op, e.to_string())),
+            Err(TxError::Commit(e)) => return Err(PortError::indeterminate(op, format!("commit: {e}"))),
+            Err(TxError::Refused(e)) => return Err(e),
+        }
+    }
+}
+
+async fn commit(tx: Transaction<'static, MySql>) -> TxResult<()> {
+    tx.commit().await.map_err(TxError::Commit)
+}
+
+impl MysqlLedger {
+    async fn cancel_unpaid_once(&self, activity: ActivityId, now_ms: u64) -> TxResult<Vec<Reservation>> {
+        let mut tx = self.pool.begin().await?;
         let timeout: Option<(u64,)> = sqlx::query_as("SELECT pay_timeout_ms FROM activity WHERE id = ?")
             .bind(activity.0)
             .fetch_optional(&mut *tx)
-            .await
-            .map_err(determinate(op))?;
+            .await?;
         let Some((timeout,)) = timeout else {
             return Ok(Vec::new());
         };
-        let due = sqlx::query(
-            "SELECT reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status \
-             FROM seckill_order WHERE activity_id = ? AND status = 'created' AND reserved_at_ms <= ? \
-             ORDER BY id FOR UPDATE",
-        )
-        .bind(activity.0)
-        .bind(now_ms.saturating_sub(timeout))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(determinate(op))?;
+        let sql = format!(
+            "SELECT {ORDER_COLUMNS} FROM seckill_order \
+             WHERE activity_id = ? AND status = 'created' AND reserved_at_ms <= ? ORDER BY id FOR UPDATE"
+        );
+        let due = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(activity.0)
+            .bind(now_ms.saturating_sub(timeout))
+            .fetch_all(&mut *tx)
+            .await?;
         let mut cancelled = Vec::with_capacity(due.len());
         for row in &due {
-            let r = order_of_row(row)?.reservation;
+            let r = order_of_row(row).map_err(TxError::Refused)?.reservation;
             let id = r.id.to_string();
-            let step = async {
-                sqlx::query("UPDATE seckill_order SET status = 'cancelled' WHERE reservation_id = ? AND status = 'created'")
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query("UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?")
-                    .bind(r.qty)
-                    .bind(activity.0)
-                    .bind(r.bucket.0)
-                    .execute(&mut *tx)
-                    .await?;
-                let entry = JournalEntry {
-                    bucket: r.bucket,
-                    kind: JournalKind::Cancel,
-                    reference: id.clone(),
-                    delta: r.qty as i64,
-                };
-                Self::journal(&mut tx, activity, &entry).await
+            sqlx::query("UPDATE seckill_order SET status = 'cancelled' WHERE reservation_id = ? AND status = 'created'")
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?",
+            )
+            .bind(r.qty)
+            .bind(activity.0)
+            .bind(r.bucket.0)
+            .execute(&mut *tx)
+            .await?;
+            let entry = JournalEntry {
+                bucket: r.bucket,
+                kind: JournalKind::Cancel,
+                reference: id,
+                delta: r.qty as i64,
             };
-            step.await.map_err(determinate(op))?;
+            Self::journal(&mut tx, activity, &entry).await?;
             cancelled.push(r);
         }
-        Self::commit(op, tx).await?;
+        commit(tx).await?;
         Ok(cancelled)
     }
 
-    async fn install(&self, activity: &Activity, plan: &StockPlan) -> PortResult<bool> {
-        let op = "install";
+    async fn install_once(&self, activity: &Activity, plan: &StockPlan) -> TxResult<bool> {
         let s = activity.spec();
-        let mut tx = self.begin(op).await?;
+        let mut tx = self.pool.begin().await?;
         let created = sqlx::query(
             "INSERT IGNORE INTO activity (id, total_stock, bucket_count, fallback_pct, per_user_limit, \
              start_ms, end_ms, pay_timeout_ms, plan_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -342,24 +385,22 @@ impl Ledger for MysqlLedger {
         .bind(s.pay_timeout_ms)
         .bind(&plan.version)
         .execute(&mut *tx)
-        .await
-        .map_err(determinate(op))?
+        .await?
         .rows_affected()
             == 1;
         if !created {
             let (version,): (String,) = sqlx::query_as("SELECT plan_version FROM activity WHERE id = ?")
                 .bind(s.id.0)
                 .fetch_one(&mut *tx)
-                .await
-                .map_err(determinate(op))?;
+                .await?;
             if version != plan.version {
-                return Err(PortError::determinate(
-                    op,
+                return Err(TxError::Refused(PortError::determinate(
+                    "install",
                     format!(
                         "activity {} is installed with plan {version}, not {}",
                         s.id, plan.version
                     ),
-                ));
+                )));
             }
             return Ok(false);
         }
@@ -372,22 +413,92 @@ impl Ledger for MysqlLedger {
             .bind(plan.initial(b))
             .bind(plan.initial(b) as i64)
             .execute(&mut *tx)
-            .await
-            .map_err(determinate(op))?;
+            .await?;
         }
-        Self::commit(op, tx).await?;
+        commit(tx).await?;
         Ok(true)
     }
 
-    async fn apply(&self, batch: &[Reservation]) -> PortResult<Vec<ApplyOutcome>> {
-        let op = "apply";
-        let mut tx = self.begin(op).await?;
+    async fn apply_once(&self, batch: &[Reservation]) -> TxResult<Vec<ApplyOutcome>> {
+        let mut tx = self.pool.begin().await?;
         let mut outcomes = Vec::with_capacity(batch.len());
         for r in batch {
-            outcomes.push(Self::apply_one(&mut tx, r).await.map_err(determinate(op))?);
+            outcomes.push(Self::apply_one(&mut tx, r).await?);
         }
-        Self::commit(op, tx).await?;
+        commit(tx).await?;
         Ok(outcomes)
+    }
+
+    async fn transfer_once(&self, activity: ActivityId, t: &Transfer) -> TxResult<bool> {
+        let refused = |reason: String| TxError::Refused(PortError::determinate("transfer", reason));
+        let mut tx = self.pool.begin().await?;
+        let done: Option<(u64,)> = sqlx::query_as(
+            "SELECT id FROM stock_journal WHERE activity_id = ? AND kind = 'transfer' AND reference = ? LIMIT 1",
+        )
+        .bind(activity.0)
+        .bind(&t.id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if done.is_some() {
+            return Ok(false);
+        }
+        let taken = sqlx::query(
+            "UPDATE stock_bucket SET remaining = remaining - ? WHERE activity_id = ? AND bucket_no = ? AND remaining >= ?",
+        )
+        .bind(t.units)
+        .bind(activity.0)
+        .bind(t.from.0)
+        .bind(t.units)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if taken == 0 {
+            return Err(refused(format!(
+                "bucket {} is missing or lacks {} units",
+                t.from, t.units
+            )));
+        }
+        let given = sqlx::query(
+            "UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?",
+        )
+        .bind(t.units)
+        .bind(activity.0)
+        .bind(t.to.0)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if given == 0 {
+            return Err(refused(format!("no bucket {}", t.to)));
+        }
+        for (bucket, delta) in [(t.from, -(t.units as i64)), (t.to, t.units as i64)] {
+            let entry = JournalEntry {
+                bucket,
+                kind: JournalKind::Transfer,
+                reference: t.id.clone(),
+                delta,
+            };
+            Self::journal(&mut tx, activity, &entry).await?;
+        }
+        commit(tx).await?;
+        Ok(true)
+    }
+}
+
+impl Ledger for MysqlLedger {
+    async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
+        retrying("cancel unpaid", || self.cancel_unpaid_once(activity, now_ms)).await
+    }
+
+    async fn install(&self, activity: &Activity, plan: &StockPlan) -> PortResult<bool> {
+        retrying("install", || self.install_once(activity, plan)).await
+    }
+
+    async fn apply(&self, batch: &[Reservation]) -> PortResult<Vec<ApplyOutcome>> {
+        retrying("apply", || self.apply_once(batch)).await
+    }
+
+    async fn transfer(&self, activity: ActivityId, t: &Transfer) -> PortResult<bool> {
+        retrying("transfer", || self.transfer_once(activity, t)).await
     }
 
     async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
@@ -420,65 +531,6 @@ impl Ledger for MysqlLedger {
         })
     }
 
-    async fn transfer(&self, activity: ActivityId, t: &Transfer) -> PortResult<bool> {
-        let op = "transfer";
-        let mut tx = self.begin(op).await?;
-        let done: Option<(u64,)> = sqlx::query_as(
-            "SELECT id FROM stock_journal WHERE activity_id = ? AND kind = 'transfer' AND reference = ? LIMIT 1",
-        )
-        .bind(activity.0)
-        .bind(&t.id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(determinate(op))?;
-        if done.is_some() {
-            return Ok(false);
-        }
-        let taken = sqlx::query(
-            "UPDATE stock_bucket SET remaining = remaining - ? WHERE activity_id = ? AND bucket_no = ? AND remaining >= ?",
-        )
-        .bind(t.units)
-        .bind(activity.0)
-        .bind(t.from.0)
-        .bind(t.units)
-        .execute(&mut *tx)
-        .await
-        .map_err(determinate(op))?
-        .rows_affected();
-        if taken == 0 {
-            return Err(PortError::determinate(
-                op,
-                format!("bucket {} is missing or lacks {} units", t.from, t.units),
-            ));
-        }
-        let given = sqlx::query(
-            "UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?",
-        )
-        .bind(t.units)
-        .bind(activity.0)
-        .bind(t.to.0)
-        .execute(&mut *tx)
-        .await
-        .map_err(determinate(op))?
-        .rows_affected();
-        if given == 0 {
-            return Err(PortError::determinate(op, format!("no bucket {}", t.to)));
-        }
-        for (bucket, delta) in [(t.from, -(t.units as i64)), (t.to, t.units as i64)] {
-            let entry = JournalEntry {
-                bucket,
-                kind: JournalKind::Transfer,
-                reference: t.id.clone(),
-                delta,
-            };
-            Self::journal(&mut tx, activity, &entry)
-                .await
-                .map_err(determinate(op))?;
-        }
-        Self::commit(op, tx).await?;
-        Ok(true)
-    }
-
     async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {
         let sql = format!("SELECT {ORDER_COLUMNS} FROM seckill_order WHERE activity_id = ? AND user_id = ?");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -493,7 +545,7 @@ impl Ledger for MysqlLedger {
     async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
         let op = "ledger snapshot";
         // One consistent read view for the three tables.
-        let mut tx = self.begin(op).await?;
+        let mut tx = self.pool.begin().await.map_err(determinate(op))?;
         let buckets = sqlx::query(
             "SELECT bucket_no, initial, remaining FROM stock_bucket WHERE activity_id = ? ORDER BY bucket_no",
         )
