@@ -4,6 +4,29 @@
 --   -> {exists (0|1), stock, buyers[], resv (flat field/value list), xfer (flat field/value list)}
 -- op "meta":   KEYS[1] sk:{A}:meta          -> flat field/value list (empty when not warmed)
 -- op "buyer":  KEYS[1] sk:{A.b}:buyers  ARGV[2] user   -> 0 | 1
+-- Redis answers SMEMBERS and HGETALL in an order of its own (it depends on the encoding and the
+-- version); the views are sorted so that every server and the embedded model give the same reply.
+local function members(key)
+  local m = redis.call("SMEMBERS", key)
+  table.sort(m)
+  return m
+end
+local function fields(key)
+  local flat = redis.call("HGETALL", key)
+  local names, values = {}, {}
+  for i = 1, #flat, 2 do
+    names[#names + 1] = flat[i]
+    values[flat[i]] = flat[i + 1]
+  end
+  table.sort(names)
+  local out = {}
+  for _, name in ipairs(names) do
+    out[#out + 1] = name
+    out[#out + 1] = values[name]
+  end
+  return out
+end
+
 local op = ARGV[1]
 if op == "bucket" then
   local stock = redis.call("GET", KEYS[1])
@@ -11,10 +34,9 @@ if op == "bucket" then
   if not stock then
     exists, stock = 0, 0
   end
-  return {exists, tonumber(stock), redis.call("SMEMBERS", KEYS[2]),
-          redis.call("HGETALL", KEYS[3]), redis.call("HGETALL", KEYS[4])}
+  return {exists, tonumber(stock), members(KEYS[2]), fields(KEYS[3]), fields(KEYS[4])}
 elseif op == "meta" then
-  return redis.call("HGETALL", KEYS[1])
+  return fields(KEYS[1])
 elseif op == "buyer" then
   return redis.call("SISMEMBER", KEYS[1], ARGV[2])
 end

@@ -489,6 +489,9 @@ where
     assert!(l.install(&act, &plan).await.unwrap(), "install creates");
     assert!(!l.install(&act, &plan).await.unwrap(), "install is idempotent");
     let a = act.id();
+    // Reservation ids are unique across a whole ledger, which may be a real database that outlives
+    // this run: derive them from the (fresh) activity id.
+    let rid = |n: u128| ReservationId(((a.0 as u128) << 64) | n);
     let ev = |n: u128, user: u64| Reservation {
         id: rid(n),
         activity: a,

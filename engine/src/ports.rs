@@ -347,7 +347,8 @@ pub trait Ledger: Clone + Send + Sync + 'static {
     fn pay(&self, id: ReservationId) -> impl Future<Output = PortResult<PayOutcome>> + Send;
 
     /// Move `t.units` of ledger stock between buckets with two `transfer` journal rows; idempotent
-    /// by transfer id (`Ok(false)`: already done). The source must have the units.
+    /// by transfer id (`Ok(false)`: already done). The source must have the units, and differ
+    /// from the target.
     fn transfer(&self, activity: ActivityId, t: &Transfer) -> impl Future<Output = PortResult<bool>> + Send;
 
     /// The user's order in this activity, whatever its status.

@@ -327,7 +327,8 @@ impl MysqlLedger {
             .bind(activity.0)
             .fetch_optional(&mut *tx)
             .await?;
-        let Some((timeout,)) = timeout else {
+        // Due: reserved_at + timeout <= now (nothing is due before the first timeout has passed).
+        let Some(cutoff) = timeout.and_then(|(timeout,)| now_ms.checked_sub(timeout)) else {
             return Ok(Vec::new());
         };
         let sql = format!(
@@ -336,7 +337,7 @@ impl MysqlLedger {
         );
         let due = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(activity.0)
-            .bind(now_ms.saturating_sub(timeout))
+            .bind(cutoff)
             .fetch_all(&mut *tx)
             .await?;
         let mut cancelled = Vec::with_capacity(due.len());
@@ -431,6 +432,9 @@ impl MysqlLedger {
 
     async fn transfer_once(&self, activity: ActivityId, t: &Transfer) -> TxResult<bool> {
         let refused = |reason: String| TxError::Refused(PortError::determinate("transfer", reason));
+        if t.from == t.to {
+            return Err(refused(format!("from bucket {} to itself", t.from)));
+        }
         let mut tx = self.pool.begin().await?;
         let done: Option<(u64,)> = sqlx::query_as(
             "SELECT id FROM stock_journal WHERE activity_id = ? AND kind = 'transfer' AND reference = ? LIMIT 1",

@@ -135,6 +135,12 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn transfer(&self, activity: ActivityId, t: &Transfer) -> PortResult<bool> {
+        if t.from == t.to {
+            return Err(PortError::determinate(
+                "transfer",
+                format!("from bucket {} to itself", t.from),
+            ));
+        }
         let mut st = self.lock();
         let done = st.journal.get(&activity).is_some_and(|j| {
             j.iter()

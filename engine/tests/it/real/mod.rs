@@ -6,6 +6,9 @@
 //! of its own (`unique_id`) and never flushes anything.
 
 mod conformance;
+mod differential;
+mod e2e;
+mod outage;
 
 use seckill_engine::adapters::kafka::{KafkaBus, KafkaConfig};
 use seckill_engine::adapters::mysql::{MysqlConfig, MysqlLedger};
