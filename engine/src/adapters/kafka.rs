@@ -308,15 +308,48 @@ impl KafkaSource {
     }
 }
 
+impl KafkaSource {
+    /// Records in the assigned partitions past this member's position (the next record it would
+    /// deliver: after the last delivered one, or the committed offset). Zero if unknown.
+    async fn undelivered(&self) -> u64 {
+        let consumer = self.consumer.clone();
+        let (topic, timeout) = (self.bus.cfg.topic.clone(), self.bus.cfg.request_timeout);
+        let count = blocking("position", move || {
+            let positions = consumer.position()?;
+            let committed = consumer.committed(timeout)?;
+            let mut pending = 0u64;
+            for e in positions.elements_for_topic(&topic) {
+                let (low, high) = consumer.fetch_watermarks(&topic, e.partition(), timeout)?;
+                let at = match (
+                    e.offset(),
+                    committed
+                        .find_partition(&topic, e.partition())
+                        .map(|c| c.offset()),
+                ) {
+                    (Offset::Offset(o), _) | (_, Some(Offset::Offset(o))) => o,
+                    _ => low,
+                };
+                pending += (high - at.max(low)).max(0) as u64;
+            }
+            Ok(pending)
+        });
+        count.await.unwrap_or(0)
+    }
+}
+
 impl OrderSource for KafkaSource {
     async fn poll(&mut self, max: usize) -> PortResult<Vec<Delivery>> {
         let max = max.max(1);
         let mut batch: Vec<Delivery> = std::mem::take(&mut self.early);
-        if batch.is_empty() {
+        let deadline = tokio::time::Instant::now() + self.bus.cfg.request_timeout;
+        while batch.is_empty() {
             match tokio::time::timeout(self.bus.cfg.poll_wait, self.consumer.recv()).await {
-                Err(_) => return Ok(Vec::new()),
                 Ok(Err(e)) => return Err(kafka_err("poll", e)),
                 Ok(Ok(m)) => batch.push(delivery_of(&m)),
+                // Empty means "nothing to deliver", not "the fetcher is behind": while the assigned
+                // partitions hold records not yet delivered, keep waiting (bounded).
+                Err(_) if tokio::time::Instant::now() < deadline && self.undelivered().await > 0 => {}
+                Err(_) => return Ok(Vec::new()),
             }
         }
         // Then whatever is already fetched, without waiting.
