@@ -136,6 +136,7 @@ export REDIS_CLUSTER_NODES=redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis:/
 export DATABASE_URL=mysql://seckill:seckill@127.0.0.1:3306/seckill
 export KAFKA_BROKERS=127.0.0.1:9092
 export REDIS_SERVER_BIN=$(command -v redis-server)
+export KAFKA_LIBS=$libs
 EOF
 
 say "versions:"
