@@ -33,10 +33,13 @@ pub enum Bug {
     RepublishWithFreshId,
     /// A rebalancing `give` is not idempotent: finishing a transfer twice gives its units twice.
     NonIdempotentGive,
+    /// The reconciler reads the ledger before Redis (so a pass that races the consumer sees a
+    /// difference that is not one) and "fixes" differences by resetting the bucket's Redis stock.
+    ReconcilerResetsStock,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 12] = [
+    pub const ALL: [Bug; 13] = [
         Bug::NonAtomicReserve,
         Bug::AckBeforeCommit,
         Bug::ReleaseToRoutedBucket,
@@ -49,6 +52,7 @@ impl Bug {
         Bug::RebuildWhileInFlight,
         Bug::RepublishWithFreshId,
         Bug::NonIdempotentGive,
+        Bug::ReconcilerResetsStock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +69,7 @@ impl Bug {
             Bug::RebuildWhileInFlight => "rebuild_while_in_flight",
             Bug::RepublishWithFreshId => "republish_with_fresh_id",
             Bug::NonIdempotentGive => "non_idempotent_give",
+            Bug::ReconcilerResetsStock => "reconciler_resets_stock",
         }
     }
 

@@ -199,6 +199,7 @@ impl Scenario {
             Bug::RebuildWhileInFlight => (Scenario::RedisLoss, true),
             Bug::RepublishWithFreshId => (Scenario::LostRecords, true),
             Bug::NonIdempotentGive => (Scenario::Rebalancing, true),
+            Bug::ReconcilerResetsStock => (Scenario::ConsumerFaults, true),
         }
     }
 }

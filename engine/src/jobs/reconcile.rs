@@ -81,6 +81,13 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     cfg: &ReconcileConfig,
 ) -> PortResult<ReconcileReport> {
     let mut report = ReconcileReport::default();
+    // Redis first, then the ledger: the consumer writes the ledger before it settles Redis, so
+    // anything Redis shows closed is already in the later ledger read (no false difference).
+    #[cfg(madsim)]
+    let early_ledger = match crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
+        true => Some(ledger.snapshot(plan.activity).await?),
+        false => None,
+    };
     let view = cache.snapshot(plan).await?;
     let lost = view.buckets.iter().any(|b| b.stock.is_none());
     if lost
@@ -93,6 +100,8 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         return Ok(report);
     }
     let db = ledger.snapshot(plan.activity).await?;
+    #[cfg(madsim)]
+    let db = early_ledger.unwrap_or(db);
     let orders: BTreeMap<ReservationId, &OrderRow> =
         db.orders.iter().map(|o| (o.reservation.id, o)).collect();
     let open_anywhere: BTreeSet<ReservationId> = view
@@ -169,6 +178,21 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         let units = stock + open_unordered + sold + cancel_in_flight - b.transfers_in as i64
             + b.transfers_out as i64
             - plan.initial(b.bucket) as i64;
+        #[cfg(madsim)]
+        if units != 0 && crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
+            let image = crate::ports::BucketImage {
+                stock: (stock - units).max(0) as u64,
+                buyers: b.buyers.clone(),
+                cancelled_released: b
+                    .cancelled_released
+                    .iter()
+                    .filter_map(|id| orders.get(id).map(|o| (*id, o.reservation.qty)))
+                    .collect(),
+                transfers_in: b.transfers_in,
+                transfers_out: b.transfers_out,
+            };
+            let _ = cache.rebuild(plan, b.bucket, &image).await;
+        }
         if units != 0 {
             report.differences.push(Difference {
                 activity: plan.activity,
