@@ -28,12 +28,24 @@ enum Command {
     // Negative numbers are values (refused by the range checks, naming the flag), not flags.
     #[command(allow_negative_numbers = true)]
     Demo(DemoArgs),
+    /// Serve the HTTP API (embedded stores unless REDIS_URL, KAFKA_BROKERS, DATABASE_URL are set).
+    Serve(ServeArgs),
     /// Apply the ledger schema (migrations/) to DATABASE_URL; idempotent.
     Migrate,
     /// Check one activity's invariants on the real stores; exit 1 if one is violated.
     Audit(ActivityArgs),
     /// Run one reconciler pass over an activity on the real stores and print what it did.
     Reconcile(ActivityArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A TOML settings file (SECKILL_* environment variables override it).
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Address to listen on (overrides SECKILL_LISTEN and the file).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(clap::Args)]
@@ -108,6 +120,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(args) => run_demo(args),
+        Command::Serve(args) => tools::serve(args.config, args.listen),
         Command::Migrate => tools::migrate(),
         Command::Audit(args) => tools::audit(args.activity, args.json),
         Command::Reconcile(args) => tools::reconcile(args.activity, args.json),

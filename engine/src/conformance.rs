@@ -12,8 +12,8 @@ use crate::domain::{
     Activity, ActivityId, ActivitySpec, BucketNo, Reservation, ReservationId, StockPlan, UserId,
 };
 use crate::ports::{
-    ApplyOutcome, BucketImage, JournalKind, Ledger, OrderBus, OrderSource, OrderStatus, PayOutcome,
-    ReleaseKind, ReserveOutcome, StockCache, Transfer,
+    ApplyOutcome, BucketImage, CancelOutcome, JournalKind, Ledger, OrderBus, OrderSource, OrderStatus,
+    PayOutcome, ReleaseKind, ReserveOutcome, StockCache, Transfer,
 };
 use std::future::Future;
 
@@ -488,6 +488,11 @@ where
     let plan = StockPlan::new(&act);
     assert!(l.install(&act, &plan).await.unwrap(), "install creates");
     assert!(!l.install(&act, &plan).await.unwrap(), "install is idempotent");
+    let other = activity(first_activity, 4, 1, 0);
+    assert!(
+        l.install(&other, &StockPlan::new(&other)).await.is_err(),
+        "the same id with another plan is refused"
+    );
     let a = act.id();
     // Reservation ids are unique across a whole ledger, which may be a real database that outlives
     // this run: derive them from the (fresh) activity id.
@@ -654,4 +659,53 @@ where
         .map(|j| j.delta)
         .collect();
     assert_eq!(rows, vec![-4, 4]);
+    assert!(
+        l.transfer(
+            act.id(),
+            &Transfer {
+                id: "t-11".into(),
+                to: BucketNo(0),
+                ..t.clone()
+            }
+        )
+        .await
+        .is_err(),
+        "a transfer needs two different buckets"
+    );
+
+    // the installed activity reads back; a buyer's cancel moves stock back once
+    assert_eq!(l.activity(act.id()).await.unwrap(), Some(act.clone()));
+    assert_eq!(l.activity(ActivityId(first_activity + 99)).await.unwrap(), None);
+    let buyer = Reservation {
+        id: rid(30),
+        activity: act.id(),
+        user: UserId(40),
+        bucket: BucketNo(1),
+        qty: 1,
+        reserved_at_ms: 5,
+    };
+    assert_eq!(
+        l.apply(std::slice::from_ref(&buyer)).await.unwrap(),
+        vec![ApplyOutcome::Created]
+    );
+    assert_eq!(
+        l.cancel(buyer.id).await.unwrap(),
+        CancelOutcome::Cancelled(buyer.clone())
+    );
+    assert_eq!(l.cancel(buyer.id).await.unwrap(), CancelOutcome::AlreadyCancelled);
+    assert_eq!(l.cancel(rid(31)).await.unwrap(), CancelOutcome::NotFound);
+    assert_eq!(
+        l.pay(buyer.id).await.unwrap(),
+        PayOutcome::NotPayable(OrderStatus::Cancelled)
+    );
+    let view = l.snapshot(act.id()).await.unwrap();
+    assert_eq!(view.buckets[1].remaining, 9, "the cancelled unit is back");
+    let mut payer = buyer.clone();
+    (payer.id, payer.user) = (rid(32), UserId(41));
+    l.apply(std::slice::from_ref(&payer)).await.unwrap();
+    l.pay(payer.id).await.unwrap();
+    assert_eq!(
+        l.cancel(payer.id).await.unwrap(),
+        CancelOutcome::NotCancellable(OrderStatus::Paid)
+    );
 }

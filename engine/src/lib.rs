@@ -7,6 +7,8 @@
 
 pub mod adapters;
 #[cfg(not(madsim))]
+pub mod api;
+#[cfg(not(madsim))]
 pub mod backend;
 pub mod clock;
 pub mod conformance;

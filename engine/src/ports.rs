@@ -294,6 +294,17 @@ pub enum PayOutcome {
     NotFound,
 }
 
+/// What a buyer's cancel did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CancelOutcome {
+    /// Cancelled now: the unit is back in the ledger and must go back to Redis (to its own bucket).
+    Cancelled(Reservation),
+    AlreadyCancelled,
+    /// Paid or failed orders cannot be cancelled here; no stock moves.
+    NotCancellable(OrderStatus),
+    NotFound,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JournalKind {
     Order,
@@ -345,6 +356,13 @@ pub trait Ledger: Clone + Send + Sync + 'static {
     fn apply(&self, batch: &[Reservation]) -> impl Future<Output = PortResult<Vec<ApplyOutcome>>> + Send;
 
     fn pay(&self, id: ReservationId) -> impl Future<Output = PortResult<PayOutcome>> + Send;
+
+    /// The buyer cancels a created (unpaid) order: status cancelled, stock back to its bucket, a
+    /// `cancel` journal row — once (a second cancel answers `AlreadyCancelled`).
+    fn cancel(&self, id: ReservationId) -> impl Future<Output = PortResult<CancelOutcome>> + Send;
+
+    /// The activity as installed.
+    fn activity(&self, id: ActivityId) -> impl Future<Output = PortResult<Option<Activity>>> + Send;
 
     /// Move `t.units` of ledger stock between buckets with two `transfer` journal rows; idempotent
     /// by transfer id (`Ok(false)`: already done). The source must have the units, and differ

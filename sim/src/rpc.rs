@@ -89,6 +89,18 @@ pub struct CancelUnpaid {
 request!(CancelUnpaid => Result<Vec<Reservation>, PortError>, 0x5e16);
 
 #[derive(Serialize, Deserialize)]
+pub struct CancelOrder {
+    pub id: ReservationId,
+}
+request!(CancelOrder => Result<seckill_engine::ports::CancelOutcome, PortError>, 0x5e18);
+
+#[derive(Serialize, Deserialize)]
+pub struct ActivityOf {
+    pub id: ActivityId,
+}
+request!(ActivityOf => Result<Option<ActivitySpec>, PortError>, 0x5e19);
+
+#[derive(Serialize, Deserialize)]
 pub struct LedgerTransfer {
     pub activity: ActivityId,
     pub transfer: seckill_engine::ports::Transfer,

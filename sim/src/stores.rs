@@ -207,6 +207,16 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
         async move { l.cancel_unpaid(req.activity, req.now_ms).await }
     });
     let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::CancelOrder| {
+        let l = l.clone();
+        async move { l.cancel(req.id).await }
+    });
+    let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::ActivityOf| {
+        let l = l.clone();
+        async move { l.activity(req.id).await.map(|a| a.map(|a| a.spec().clone())) }
+    });
+    let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::LedgerTransfer| {
         let l = l.clone();
         async move { l.transfer(req.activity, &req.transfer).await }
@@ -275,6 +285,16 @@ impl Ledger for SimLedger {
 
     async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
         self.call("pay", rpc::Pay { id }).await
+    }
+
+    async fn cancel(&self, id: ReservationId) -> PortResult<seckill_engine::ports::CancelOutcome> {
+        self.call("cancel", rpc::CancelOrder { id }).await
+    }
+
+    async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
+        let spec = self.call("activity", rpc::ActivityOf { id }).await?;
+        spec.map(|s| Activity::new(s).map_err(|e| PortError::determinate("activity", e.to_string())))
+            .transpose()
     }
 
     async fn transfer(&self, activity: ActivityId, t: &seckill_engine::ports::Transfer) -> PortResult<bool> {

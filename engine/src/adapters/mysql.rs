@@ -14,8 +14,8 @@ use crate::domain::{
     Activity, ActivityId, ActivitySpec, BucketNo, Reservation, ReservationId, StockPlan, UserId,
 };
 use crate::ports::{
-    ApplyOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow, OrderStatus,
-    PayOutcome, PortError, PortResult, Transfer,
+    ApplyOutcome, CancelOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow,
+    OrderStatus, PayOutcome, PortError, PortResult, Transfer,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, Row, Transaction};
@@ -144,33 +144,6 @@ impl MysqlLedger {
             .run(&self.pool)
             .await
             .map_err(|e| PortError::determinate("migrate", e.to_string()))
-    }
-
-    /// The activity as installed, for tools that start from an id (`seckill audit`).
-    pub async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
-        let row = sqlx::query(
-            "SELECT total_stock, bucket_count, fallback_pct, per_user_limit, start_ms, end_ms, \
-             pay_timeout_ms FROM activity WHERE id = ?",
-        )
-        .bind(id.0)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(determinate("read activity"))?;
-        let Some(row) = row else { return Ok(None) };
-        let get = |e: sqlx::Error| PortError::determinate("read activity", e.to_string());
-        let spec = ActivitySpec {
-            id,
-            total_stock: row.try_get("total_stock").map_err(get)?,
-            buckets: row.try_get("bucket_count").map_err(get)?,
-            fallback_pct: row.try_get("fallback_pct").map_err(get)?,
-            per_user_limit: row.try_get("per_user_limit").map_err(get)?,
-            start_ms: row.try_get("start_ms").map_err(get)?,
-            end_ms: row.try_get("end_ms").map_err(get)?,
-            pay_timeout_ms: row.try_get("pay_timeout_ms").map_err(get)?,
-        };
-        Activity::new(spec).map(Some).map_err(|e| {
-            PortError::determinate("read activity", format!("stored activity {id} is invalid: {e}"))
-        })
     }
 
     async fn journal(
@@ -343,30 +316,60 @@ impl MysqlLedger {
         let mut cancelled = Vec::with_capacity(due.len());
         for row in &due {
             let r = order_of_row(row).map_err(TxError::Refused)?.reservation;
-            let id = r.id.to_string();
-            sqlx::query("UPDATE seckill_order SET status = 'cancelled' WHERE reservation_id = ? AND status = 'created'")
-                .bind(&id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(
-                "UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?",
-            )
-            .bind(r.qty)
-            .bind(activity.0)
-            .bind(r.bucket.0)
-            .execute(&mut *tx)
-            .await?;
-            let entry = JournalEntry {
-                bucket: r.bucket,
-                kind: JournalKind::Cancel,
-                reference: id,
-                delta: r.qty as i64,
-            };
-            Self::journal(&mut tx, activity, &entry).await?;
+            Self::cancel_row(&mut tx, &r).await?;
             cancelled.push(r);
         }
         commit(tx).await?;
         Ok(cancelled)
+    }
+
+    /// Cancel one created order inside `tx`: status, stock back to its bucket, journal row.
+    async fn cancel_row(tx: &mut Transaction<'static, MySql>, r: &Reservation) -> Result<(), sqlx::Error> {
+        let id = r.id.to_string();
+        sqlx::query(
+            "UPDATE seckill_order SET status = 'cancelled' WHERE reservation_id = ? AND status = 'created'",
+        )
+        .bind(&id)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?",
+        )
+        .bind(r.qty)
+        .bind(r.activity.0)
+        .bind(r.bucket.0)
+        .execute(&mut **tx)
+        .await?;
+        let entry = JournalEntry {
+            bucket: r.bucket,
+            kind: JournalKind::Cancel,
+            reference: id,
+            delta: r.qty as i64,
+        };
+        Self::journal(tx, r.activity, &entry).await
+    }
+
+    async fn cancel_once(&self, id: ReservationId) -> TxResult<CancelOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM seckill_order WHERE reservation_id = ? FOR UPDATE");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        let order = order_of_row(&row).map_err(TxError::Refused)?;
+        let outcome = match order.status {
+            OrderStatus::Created => {
+                Self::cancel_row(&mut tx, &order.reservation).await?;
+                CancelOutcome::Cancelled(order.reservation)
+            }
+            OrderStatus::Cancelled => CancelOutcome::AlreadyCancelled,
+            other => CancelOutcome::NotCancellable(other),
+        };
+        commit(tx).await?;
+        Ok(outcome)
     }
 
     async fn install_once(&self, activity: &Activity, plan: &StockPlan) -> TxResult<bool> {
@@ -499,6 +502,36 @@ impl Ledger for MysqlLedger {
 
     async fn apply(&self, batch: &[Reservation]) -> PortResult<Vec<ApplyOutcome>> {
         retrying("apply", || self.apply_once(batch)).await
+    }
+
+    async fn cancel(&self, id: ReservationId) -> PortResult<CancelOutcome> {
+        retrying("cancel", || self.cancel_once(id)).await
+    }
+
+    async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
+        let row = sqlx::query(
+            "SELECT total_stock, bucket_count, fallback_pct, per_user_limit, start_ms, end_ms, \
+             pay_timeout_ms FROM activity WHERE id = ?",
+        )
+        .bind(id.0)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(determinate("read activity"))?;
+        let Some(row) = row else { return Ok(None) };
+        let get = |e: sqlx::Error| PortError::determinate("read activity", e.to_string());
+        let spec = ActivitySpec {
+            id,
+            total_stock: row.try_get("total_stock").map_err(get)?,
+            buckets: row.try_get("bucket_count").map_err(get)?,
+            fallback_pct: row.try_get("fallback_pct").map_err(get)?,
+            per_user_limit: row.try_get("per_user_limit").map_err(get)?,
+            start_ms: row.try_get("start_ms").map_err(get)?,
+            end_ms: row.try_get("end_ms").map_err(get)?,
+            pay_timeout_ms: row.try_get("pay_timeout_ms").map_err(get)?,
+        };
+        Activity::new(spec).map(Some).map_err(|e| {
+            PortError::determinate("read activity", format!("stored activity {id} is invalid: {e}"))
+        })
     }
 
     async fn transfer(&self, activity: ActivityId, t: &Transfer) -> PortResult<bool> {

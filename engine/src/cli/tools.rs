@@ -6,7 +6,7 @@ use crate::adapters::mysql::{MysqlConfig, MysqlLedger};
 use crate::backend::{RealBackend, RealSettings, ORDER_GROUP};
 use crate::domain::{ActivityId, StockPlan};
 use crate::jobs::{self, ReconcileConfig};
-use crate::ports::OrderBus;
+use crate::ports::{Ledger, OrderBus};
 use crate::service::audit;
 use seckill_invariants::{self as inv, Invariant};
 use std::process::ExitCode;
@@ -39,12 +39,18 @@ pub async fn connect() -> Result<RealBackend, String> {
     RealBackend::connect(&settings).await.map_err(|e| e.to_string())
 }
 
-/// Run `f` on a fresh runtime; an `Err` is printed and exits 2.
+/// Run `f` on a fresh current-thread runtime; an `Err` is printed and exits 2.
 fn run(f: impl std::future::Future<Output = Result<ExitCode, String>>) -> ExitCode {
-    let runtime = match runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
+    match runtime() {
+        Ok(rt) => run_on(rt, f),
+        Err(code) => code,
+    }
+}
+
+fn run_on(
+    runtime: tokio::runtime::Runtime,
+    f: impl std::future::Future<Output = Result<ExitCode, String>>,
+) -> ExitCode {
     match runtime.block_on(f) {
         Ok(code) => code,
         Err(e) => {
@@ -182,5 +188,112 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
         } else {
             ExitCode::from(1)
         })
+    })
+}
+
+/// `seckill serve`: settings, stores, then the API until SIGTERM or Ctrl-C.
+pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>) -> ExitCode {
+    use crate::api::config::ServeConfig;
+    use crate::api::nonce::{EmbeddedNonces, RedisNonces};
+    use crate::api::serve::{self, Secrets, Stores};
+    use crate::clock::Clock;
+    use rand::SeedableRng;
+
+    let text = match &config {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("error: --config: cannot read {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let mut cfg = match ServeConfig::load(text.as_deref(), |k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(addr) = listen {
+        cfg.listen = addr;
+    }
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SECKILL_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    run_on(runtime, async move {
+        let settings = RealSettings::from_env().map_err(|e| e.to_string())?;
+        if settings.is_some() && cfg.token_secret.is_none() {
+            return Err(
+                "token_secret (SECKILL_TOKEN_SECRET): required with real stores, so that every engine \
+                        verifies every token"
+                    .into(),
+            );
+        }
+        let mut rng = rand::rngs::StdRng::from_entropy();
+        let secrets = Secrets::resolve(&cfg, &mut rng);
+        if cfg.admin_token.is_none() {
+            eprintln!("admin token for this process: {}", secrets.admin_token);
+        }
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|e| format!("listen {}: {e}", cfg.listen))?;
+        let clock = Clock::new(wall_now_ms(), tokio::time::Instant::now());
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(|e| e.to_string())?;
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            Ok::<(), String>(())
+        };
+        match settings {
+            None => {
+                tracing::warn!("no store settings: serving on the embedded stores (in memory, not durable)");
+                let b = crate::adapters::embedded::EmbeddedBackend::new();
+                let stores = Stores {
+                    cache: b.cache,
+                    bus: b.bus,
+                    ledger: b.ledger,
+                    nonces: EmbeddedNonces::default(),
+                };
+                let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
+                let running = serve::start(api, listener, cfg.run_consumer).await?;
+                tracing::info!(addr = %running.addr, "listening");
+                shutdown.await?;
+                running.shutdown().await.map_err(|e| e.to_string())?;
+            }
+            Some(s) => {
+                let real = RealBackend::connect(&s).await.map_err(|e| e.to_string())?;
+                let nonces = RedisNonces::new(real.cache.conn().clone());
+                let bus = real.bus.clone();
+                let stores = Stores {
+                    cache: real.cache,
+                    bus: real.bus,
+                    ledger: real.ledger,
+                    nonces,
+                };
+                let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
+                let running = serve::start(api, listener, cfg.run_consumer).await?;
+                tracing::info!(addr = %running.addr, "listening on the real stores");
+                shutdown.await?;
+                running.shutdown().await.map_err(|e| e.to_string())?;
+                bus.flush().await.map_err(|e| e.to_string())?;
+            }
+        }
+        tracing::info!("stopped");
+        Ok(ExitCode::SUCCESS)
     })
 }

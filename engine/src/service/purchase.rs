@@ -239,6 +239,60 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         self.local(a).map(|l| l.plan.clone())
     }
 
+    /// The activity as loaded here, with its state as last refreshed.
+    pub fn activity(&self, a: ActivityId) -> Option<(Activity, ActivityState)> {
+        self.local(a).map(|l| (l.activity.clone(), l.state()))
+    }
+
+    /// Every activity loaded here.
+    pub fn activities(&self) -> Vec<ActivityId> {
+        let map = self.inner.activities.read().unwrap_or_else(|p| p.into_inner());
+        map.keys().copied().collect()
+    }
+
+    /// The answer the purchase path can give from memory alone — unknown activity, bad quantity,
+    /// outside the window, not open, known sold out — or `None`: Redis must be asked.
+    pub fn precheck(
+        &self,
+        a: ActivityId,
+        user: UserId,
+        qty: u32,
+    ) -> Option<Result<PurchaseOutcome, PurchaseError>> {
+        let Some(local) = self.local(a) else {
+            return Some(Err(PurchaseError::UnknownActivity(a)));
+        };
+        Self::from_memory(&local, user, qty, self.inner.clock.now_ms())
+    }
+
+    fn from_memory(
+        local: &LocalActivity,
+        user: UserId,
+        qty: u32,
+        now: u64,
+    ) -> Option<Result<PurchaseOutcome, PurchaseError>> {
+        let limit = local.activity.spec().per_user_limit;
+        if qty == 0 || qty > limit {
+            return Some(Err(InvalidField::new(
+                "qty",
+                format!("must be 1..={limit}, got {qty}"),
+            )
+            .into()));
+        }
+        let answer = match local.activity.window_at(now) {
+            std::cmp::Ordering::Less => PurchaseOutcome::NotStarted,
+            std::cmp::Ordering::Greater => PurchaseOutcome::Ended,
+            std::cmp::Ordering::Equal => match local.state() {
+                ActivityState::Open if local.sold_out_for(local.plan.route(user), now) => {
+                    PurchaseOutcome::SoldOut
+                }
+                ActivityState::Open => return None,
+                ActivityState::Closed => PurchaseOutcome::Ended,
+                other => unavailable(format!("activity is {other}")),
+            },
+        };
+        Some(Ok(answer))
+    }
+
     pub async fn purchase(
         &self,
         a: ActivityId,
@@ -246,25 +300,11 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         qty: u32,
     ) -> Result<PurchaseOutcome, PurchaseError> {
         let local = self.local(a).ok_or(PurchaseError::UnknownActivity(a))?;
-        let limit = local.activity.spec().per_user_limit;
-        if qty == 0 || qty > limit {
-            return Err(InvalidField::new("qty", format!("must be 1..={limit}, got {qty}")).into());
-        }
         let now = self.inner.clock.now_ms();
-        match local.activity.window_at(now) {
-            std::cmp::Ordering::Less => return Ok(PurchaseOutcome::NotStarted),
-            std::cmp::Ordering::Greater => return Ok(PurchaseOutcome::Ended),
-            std::cmp::Ordering::Equal => {}
-        }
-        match local.state() {
-            ActivityState::Open => {}
-            ActivityState::Closed => return Ok(PurchaseOutcome::Ended),
-            other => return Ok(unavailable(format!("activity is {other}"))),
+        if let Some(answer) = Self::from_memory(&local, user, qty, now) {
+            return answer;
         }
         let own = local.plan.route(user);
-        if local.sold_out_for(own, now) {
-            return Ok(PurchaseOutcome::SoldOut);
-        }
 
         let id = self.inner.ids.next();
         let reservation = match self.inner.cache.reserve(&local.plan, user, qty, id, now).await {

@@ -1,8 +1,12 @@
 //! Integration tests of seckill-engine, one binary (STYLE §13).
 
+#[cfg(not(madsim))]
+mod api;
 mod conformance;
 mod consumer;
 mod demo;
+#[cfg(not(madsim))]
+mod http_sale;
 mod jobs;
 mod pipeline;
 mod purchase;

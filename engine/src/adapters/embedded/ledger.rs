@@ -8,8 +8,8 @@
 
 use crate::domain::{Activity, ActivityId, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
-    ApplyOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow, OrderStatus,
-    PayOutcome, PortError, PortResult, Transfer,
+    ApplyOutcome, CancelOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow,
+    OrderStatus, PayOutcome, PortError, PortResult, Transfer,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -84,6 +84,28 @@ impl LedgerState {
     }
 }
 
+impl LedgerState {
+    /// Cancel a created order: status, stock back to its bucket, journal row.
+    fn cancel_created(&mut self, id: ReservationId) -> Reservation {
+        let order = self
+            .orders
+            .get_mut(&id)
+            .expect("the caller found a created order");
+        order.status = OrderStatus::Cancelled;
+        let r = order.reservation.clone();
+        if let Some((_, remaining)) = self.buckets.get_mut(&(r.activity, r.bucket)) {
+            *remaining += r.qty as i64;
+        }
+        self.journal.entry(r.activity).or_default().push(JournalEntry {
+            bucket: r.bucket,
+            kind: JournalKind::Cancel,
+            reference: r.id.to_string(),
+            delta: r.qty as i64,
+        });
+        r
+    }
+}
+
 impl Ledger for EmbeddedLedger {
     async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
         let mut st = self.lock();
@@ -97,28 +119,23 @@ impl Ledger for EmbeddedLedger {
             .filter(|o| o.reservation.reserved_at_ms.saturating_add(timeout) <= now_ms)
             .map(|o| o.reservation.id)
             .collect();
-        let mut cancelled = Vec::with_capacity(due.len());
-        for id in due {
-            let order = st.orders.get_mut(&id).expect("collected from the map");
-            order.status = OrderStatus::Cancelled;
-            let r = order.reservation.clone();
-            if let Some((_, remaining)) = st.buckets.get_mut(&(r.activity, r.bucket)) {
-                *remaining += r.qty as i64;
-            }
-            st.journal.entry(activity).or_default().push(JournalEntry {
-                bucket: r.bucket,
-                kind: JournalKind::Cancel,
-                reference: r.id.to_string(),
-                delta: r.qty as i64,
-            });
-            cancelled.push(r);
-        }
-        Ok(cancelled)
+        Ok(due.into_iter().map(|id| st.cancel_created(id)).collect())
     }
 
     async fn install(&self, activity: &Activity, plan: &StockPlan) -> PortResult<bool> {
         let mut st = self.lock();
-        if st.activities.contains_key(&activity.id()) {
+        if let Some(existing) = st.activities.get(&activity.id()) {
+            let version = StockPlan::new(existing).version;
+            if version != plan.version {
+                return Err(PortError::determinate(
+                    "install",
+                    format!(
+                        "activity {} is installed with plan {version}, not {}",
+                        activity.id(),
+                        plan.version
+                    ),
+                ));
+            }
             return Ok(false);
         }
         st.activities.insert(activity.id(), activity.clone());
@@ -193,6 +210,20 @@ impl Ledger for EmbeddedLedger {
             OrderStatus::Paid => PayOutcome::AlreadyPaid,
             other => PayOutcome::NotPayable(other),
         })
+    }
+
+    async fn cancel(&self, id: ReservationId) -> PortResult<CancelOutcome> {
+        let mut st = self.lock();
+        Ok(match st.orders.get(&id).map(|o| o.status) {
+            None => CancelOutcome::NotFound,
+            Some(OrderStatus::Created) => CancelOutcome::Cancelled(st.cancel_created(id)),
+            Some(OrderStatus::Cancelled) => CancelOutcome::AlreadyCancelled,
+            Some(other) => CancelOutcome::NotCancellable(other),
+        })
+    }
+
+    async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
+        Ok(self.lock().activities.get(&id).cloned())
     }
 
     async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {

@@ -370,6 +370,9 @@ enum LedgerOp {
     Pay {
         rid: u8,
     },
+    Cancel {
+        rid: u8,
+    },
     CancelUnpaid {
         now_ms: u64,
     },
@@ -389,6 +392,7 @@ fn ledger_op() -> impl Strategy<Value = LedgerOp> {
     prop_oneof![
         6 => proptest::collection::vec(event, 1..5).prop_map(LedgerOp::Apply),
         2 => (0u8..12).prop_map(|rid| LedgerOp::Pay { rid }),
+        1 => (0u8..12).prop_map(|rid| LedgerOp::Cancel { rid }),
         1 => (0u64..250).prop_map(|now_ms| LedgerOp::CancelUnpaid { now_ms }),
         2 => (0u8..3, 0u32..5, 0u32..5, 1u64..4).prop_map(|(id, from, to, units)| LedgerOp::Transfer { id, from, to, units }),
         1 => (1u64..=6).prop_map(|user| LedgerOp::OrderOf { user }),
@@ -403,6 +407,7 @@ fn rid_of(a: ActivityId, n: u8) -> ReservationId {
 async fn run_ledger_ops<L: Ledger>(ledger: &L, a: &Activity, ops: &[LedgerOp]) -> Vec<String> {
     let id = a.id();
     let mut out = vec![outcome(&ledger.install(a, &StockPlan::new(a)).await)];
+    out.push(outcome(&ledger.activity(id).await));
     for op in ops {
         let line = match op {
             LedgerOp::Apply(events) => {
@@ -420,6 +425,7 @@ async fn run_ledger_ops<L: Ledger>(ledger: &L, a: &Activity, ops: &[LedgerOp]) -
                 outcome(&ledger.apply(&batch).await)
             }
             LedgerOp::Pay { rid } => outcome(&ledger.pay(rid_of(id, *rid)).await),
+            LedgerOp::Cancel { rid } => outcome(&ledger.cancel(rid_of(id, *rid)).await),
             LedgerOp::CancelUnpaid { now_ms } => {
                 outcome(&ledger.cancel_unpaid(id, *now_ms).await.map(|mut v| {
                     v.sort_by_key(|r| r.id);

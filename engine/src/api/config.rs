@@ -1,0 +1,339 @@
+//! `seckill serve` settings: a TOML file, then `SECKILL_*` environment variables (the
+//! environment wins), then defaults. Everything is checked at start; an error names the key (or
+//! the variable) it came from. Store URLs are not here: they are the `REDIS_URL` /
+//! `KAFKA_BROKERS` / `DATABASE_URL` settings of `crate::backend`, shared with the other commands.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimits {
+    /// Requests per second over the whole process (GCRA, burst = one second's worth).
+    pub global_per_sec: u32,
+    pub per_user_per_sec: u32,
+    pub per_ip_per_sec: u32,
+    /// After an activity opens, admit a share of requests rising linearly to all over this long.
+    pub ramp_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    /// Bearer token of the admin routes; `None`: generated at start and printed once.
+    pub admin_token: Option<String>,
+    /// HMAC key of purchase tokens; `None`: random per process (one engine only).
+    pub token_secret: Option<String>,
+    pub token_ttl_ms: u64,
+    pub request_timeout: Duration,
+    pub body_limit_bytes: usize,
+    /// Take the client IP from this header (set by a proxy we trust), not from the socket.
+    pub trusted_proxy_header: Option<String>,
+    pub rate: RateLimits,
+    /// Run the order consumer and the self-healing jobs in this process.
+    pub run_consumer: bool,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_token: None,
+            token_secret: None,
+            token_ttl_ms: 30_000,
+            request_timeout: Duration::from_millis(2_000),
+            body_limit_bytes: 4_096,
+            trusted_proxy_header: None,
+            rate: RateLimits {
+                global_per_sec: 200_000,
+                per_user_per_sec: 5,
+                per_ip_per_sec: 2_000,
+                ramp_ms: 0,
+            },
+            run_consumer: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{key}: {reason}")]
+pub struct ConfigError {
+    /// The TOML key (`rate_limit.per_user_per_sec`) or environment variable it came from.
+    pub key: String,
+    pub reason: String,
+}
+
+fn bad(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    admin_token: Option<String>,
+    token_secret: Option<String>,
+    token_ttl_ms: Option<u64>,
+    request_timeout_ms: Option<u64>,
+    body_limit_bytes: Option<u64>,
+    trusted_proxy_header: Option<String>,
+    run_consumer: Option<bool>,
+    rate_limit: Option<FileRates>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileRates {
+    global_per_sec: Option<u64>,
+    per_user_per_sec: Option<u64>,
+    per_ip_per_sec: Option<u64>,
+    ramp_ms: Option<u64>,
+}
+
+/// One setting: its TOML key, its variable, its file value.
+struct Setting<'a, T> {
+    key: &'a str,
+    var: &'a str,
+    file: Option<T>,
+}
+
+impl ServeConfig {
+    /// From the TOML text of `--config` (if any) and the environment (`env` looks a variable up).
+    pub fn load(
+        file: Option<&str>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<ServeConfig, ConfigError> {
+        let f: FileConfig = match file {
+            Some(text) => toml::from_str(text).map_err(|e| {
+                // toml names unknown keys in its message; a value of the wrong type is found by
+                // its span: the key is what stands before `=` on that line.
+                let key = e
+                    .span()
+                    .and_then(|span| text.get(..span.start))
+                    .and_then(|before| before.rsplit('\n').next())
+                    .and_then(|line| line.split('=').next())
+                    .map(|k| k.trim().trim_matches('"'))
+                    .filter(|k| !k.is_empty() && !k.starts_with('['))
+                    .unwrap_or("config");
+                bad(key, e.message().trim())
+            })?,
+            None => FileConfig::default(),
+        };
+        let rates = f.rate_limit.unwrap_or_default();
+        let d = ServeConfig::default();
+        let num = |s: Setting<u64>,
+                   range: std::ops::RangeInclusive<u64>,
+                   default: u64|
+         -> Result<u64, ConfigError> {
+            let (name, v) = match env(s.var) {
+                Some(text) => (
+                    s.var,
+                    text.trim()
+                        .parse::<u64>()
+                        .map_err(|_| bad(s.var, format!("{text:?} is not a whole number")))?,
+                ),
+                None => (s.key, s.file.unwrap_or(default)),
+            };
+            if !range.contains(&v) {
+                return Err(bad(
+                    name,
+                    format!("must be in {}..={}, got {v}", range.start(), range.end()),
+                ));
+            }
+            Ok(v)
+        };
+        let text = |s: Setting<String>| -> Option<(String, String)> {
+            env(s.var)
+                .map(|v| (s.var.to_string(), v))
+                .or(s.file.map(|v| (s.key.to_string(), v)))
+        };
+        let listen = match text(Setting {
+            key: "listen",
+            var: "SECKILL_LISTEN",
+            file: f.listen,
+        }) {
+            Some((name, v)) => v
+                .parse()
+                .map_err(|_| bad(&name, format!("{v:?} is not an address like 127.0.0.1:8080")))?,
+            None => d.listen,
+        };
+        let secret =
+            |key: &str, var: &str, file: Option<String>, min: usize| -> Result<Option<String>, ConfigError> {
+                match text(Setting { key, var, file }) {
+                    Some((name, v)) if v.len() < min => {
+                        Err(bad(&name, format!("must be at least {min} bytes")))
+                    }
+                    other => Ok(other.map(|(_, v)| v)),
+                }
+            };
+        let admin_token = secret("admin_token", "SECKILL_ADMIN_TOKEN", f.admin_token, 16)?;
+        let token_secret = secret(
+            "token_secret",
+            "SECKILL_TOKEN_SECRET",
+            f.token_secret,
+            super::token::MIN_SECRET_LEN,
+        )?;
+        let header = match text(Setting {
+            key: "trusted_proxy_header",
+            var: "SECKILL_TRUSTED_PROXY_HEADER",
+            file: f.trusted_proxy_header,
+        }) {
+            Some((name, v)) => {
+                let v = v.trim().to_ascii_lowercase();
+                if v.is_empty() || !v.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-') {
+                    return Err(bad(&name, format!("{v:?} is not a header name")));
+                }
+                Some(v)
+            }
+            None => None,
+        };
+        let run_consumer = match env("SECKILL_RUN_CONSUMER") {
+            Some(v) => match v.trim() {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                other => {
+                    return Err(bad(
+                        "SECKILL_RUN_CONSUMER",
+                        format!("{other:?} is not true/false"),
+                    ))
+                }
+            },
+            None => f.run_consumer.unwrap_or(d.run_consumer),
+        };
+        let per_sec = 1..=10_000_000;
+        Ok(ServeConfig {
+            listen,
+            admin_token,
+            token_secret,
+            token_ttl_ms: num(
+                Setting {
+                    key: "token_ttl_ms",
+                    var: "SECKILL_TOKEN_TTL_MS",
+                    file: f.token_ttl_ms,
+                },
+                1_000..=600_000,
+                d.token_ttl_ms,
+            )?,
+            request_timeout: Duration::from_millis(num(
+                Setting {
+                    key: "request_timeout_ms",
+                    var: "SECKILL_REQUEST_TIMEOUT_MS",
+                    file: f.request_timeout_ms,
+                },
+                10..=60_000,
+                d.request_timeout.as_millis() as u64,
+            )?),
+            body_limit_bytes: num(
+                Setting {
+                    key: "body_limit_bytes",
+                    var: "SECKILL_BODY_LIMIT_BYTES",
+                    file: f.body_limit_bytes,
+                },
+                256..=1 << 20,
+                d.body_limit_bytes as u64,
+            )? as usize,
+            trusted_proxy_header: header,
+            rate: RateLimits {
+                global_per_sec: num(
+                    Setting {
+                        key: "rate_limit.global_per_sec",
+                        var: "SECKILL_RATE_GLOBAL_PER_SEC",
+                        file: rates.global_per_sec,
+                    },
+                    per_sec.clone(),
+                    d.rate.global_per_sec as u64,
+                )? as u32,
+                per_user_per_sec: num(
+                    Setting {
+                        key: "rate_limit.per_user_per_sec",
+                        var: "SECKILL_RATE_PER_USER_PER_SEC",
+                        file: rates.per_user_per_sec,
+                    },
+                    per_sec.clone(),
+                    d.rate.per_user_per_sec as u64,
+                )? as u32,
+                per_ip_per_sec: num(
+                    Setting {
+                        key: "rate_limit.per_ip_per_sec",
+                        var: "SECKILL_RATE_PER_IP_PER_SEC",
+                        file: rates.per_ip_per_sec,
+                    },
+                    per_sec,
+                    d.rate.per_ip_per_sec as u64,
+                )? as u32,
+                ramp_ms: num(
+                    Setting {
+                        key: "rate_limit.ramp_ms",
+                        var: "SECKILL_RATE_RAMP_MS",
+                        file: rates.ramp_ms,
+                    },
+                    0..=600_000,
+                    d.rate.ramp_ms,
+                )?,
+            },
+            run_consumer,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(file: &str, env: &[(&str, &str)]) -> Result<ServeConfig, ConfigError> {
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        ServeConfig::load(Some(file), |k| {
+            env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn file_then_environment_then_defaults() {
+        let c = load(
+            "listen = \"127.0.0.1:9000\"\n[rate_limit]\nper_user_per_sec = 3\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.rate.per_user_per_sec, 3);
+        assert_eq!(c.token_ttl_ms, 30_000);
+        let c = load(
+            "listen = \"127.0.0.1:9000\"",
+            &[("SECKILL_LISTEN", "127.0.0.1:9100")],
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9100, "the environment wins");
+    }
+
+    #[test]
+    fn every_bad_setting_names_its_key() {
+        let key = |file: &str, env: &[(&str, &str)]| load(file, env).unwrap_err().key;
+        assert_eq!(key("listen = \"nowhere\"", &[]), "listen");
+        assert_eq!(key("", &[("SECKILL_LISTEN", "x")]), "SECKILL_LISTEN");
+        assert_eq!(
+            key("[rate_limit]\nper_user_per_sec = 0", &[]),
+            "rate_limit.per_user_per_sec"
+        );
+        assert_eq!(
+            key("", &[("SECKILL_RATE_PER_IP_PER_SEC", "-5")]),
+            "SECKILL_RATE_PER_IP_PER_SEC"
+        );
+        assert_eq!(key("token_ttl_ms = 5", &[]), "token_ttl_ms");
+        assert_eq!(key("admin_token = \"short\"", &[]), "admin_token");
+        assert_eq!(
+            key("", &[("SECKILL_TOKEN_SECRET", "short")]),
+            "SECKILL_TOKEN_SECRET"
+        );
+        assert_eq!(key("trusted_proxy_header = \"x y\"", &[]), "trusted_proxy_header");
+        assert_eq!(
+            key("", &[("SECKILL_RUN_CONSUMER", "maybe")]),
+            "SECKILL_RUN_CONSUMER"
+        );
+        let e = load("lisen = \"127.0.0.1:1\"", &[]).unwrap_err();
+        assert!(e.reason.contains("lisen"), "{e}");
+        assert_eq!(key("body_limit_bytes = \"big\"", &[]), "body_limit_bytes");
+    }
+}

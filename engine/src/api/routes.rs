@@ -1,0 +1,704 @@
+//! The routes and their handlers. Each handler decodes and checks its input first (nothing
+//! touches a store before the input is known good) and maps every outcome to one status and code.
+
+use super::body::{self, path_id};
+use super::nonce::NonceStore;
+use super::{ApiError, Shared};
+use crate::domain::{Activity, ActivityId, ActivityState, ReservationId, StockPlan, UserId};
+use crate::jobs::{self, ReconcileConfig};
+use crate::ports::{CancelOutcome, Ledger, OrderBus, PayOutcome, ReleaseKind, StockCache};
+use crate::service::consumer::ORDER_GROUP;
+use crate::service::{audit, order_status, PurchaseError, PurchaseOutcome};
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, MatchedPath, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use rand::RngCore;
+use serde_json::{json, Value};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+/// Every route (method, path) — the OpenAPI document must describe exactly these.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("post", "/api/v1/activities/{id}/token"),
+    ("post", "/api/v1/activities/{id}/purchase"),
+    ("get", "/api/v1/activities/{id}"),
+    ("get", "/api/v1/activities/{id}/orders/{user}"),
+    ("post", "/api/v1/orders/{reservation}/pay"),
+    ("post", "/api/v1/orders/{reservation}/cancel"),
+    ("post", "/api/v1/admin/activities"),
+    ("post", "/api/v1/admin/activities/{id}/warmup"),
+    ("post", "/api/v1/admin/activities/{id}/pause"),
+    ("post", "/api/v1/admin/activities/{id}/resume"),
+    ("post", "/api/v1/admin/activities/{id}/close"),
+    ("post", "/api/v1/admin/activities/{id}/reconcile"),
+    ("get", "/api/v1/admin/activities/{id}/audit"),
+    ("get", "/api/v1/openapi.json"),
+    ("get", "/metrics"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+];
+
+pub const OPENAPI: &str = include_str!("../../openapi.json");
+
+pub fn router<C, B, L, N>(api: Shared<C, B, L, N>) -> Router
+where
+    C: StockCache,
+    B: OrderBus,
+    L: Ledger,
+    N: NonceStore,
+{
+    let timeout = api.request_timeout;
+    let limit = api.body_limit_bytes;
+    Router::new()
+        .route("/api/v1/activities/{id}/token", post(issue_token::<C, B, L, N>))
+        .route("/api/v1/activities/{id}/purchase", post(purchase::<C, B, L, N>))
+        .route("/api/v1/activities/{id}", get(activity_view::<C, B, L, N>))
+        .route(
+            "/api/v1/activities/{id}/orders/{user}",
+            get(order_view::<C, B, L, N>),
+        )
+        .route("/api/v1/orders/{reservation}/pay", post(pay::<C, B, L, N>))
+        .route("/api/v1/orders/{reservation}/cancel", post(cancel::<C, B, L, N>))
+        .route("/api/v1/admin/activities", post(admin_create::<C, B, L, N>))
+        .route(
+            "/api/v1/admin/activities/{id}/warmup",
+            post(admin_warmup::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/activities/{id}/pause",
+            post(admin_pause::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/activities/{id}/resume",
+            post(admin_resume::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/activities/{id}/close",
+            post(admin_close::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/activities/{id}/reconcile",
+            post(admin_reconcile::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/activities/{id}/audit",
+            get(admin_audit::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/openapi.json",
+            get(|| async { ([("content-type", "application/json")], OPENAPI) }),
+        )
+        .route("/metrics", get(metrics_text::<C, B, L, N>))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready::<C, B, L, N>))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed here",
+            )
+        })
+        .layer(axum::middleware::from_fn(observe))
+        .layer(axum::middleware::from_fn(move |req: Request, next: Next| {
+            within(timeout, req, next)
+        }))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(api)
+}
+
+/// Bound every request's time. Past it the client gets a 503 and the work is dropped at its
+/// next await — a purchase may then have reserved a unit (the reconciler carries it through), so
+/// the answer says the outcome is unknown and where to look.
+async fn within(timeout: Duration, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(timeout, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            format!("no answer within {timeout:?}; a purchase's outcome is unknown: see its order status"),
+        )
+        .into_response(),
+    }
+}
+
+/// Per request: a request id (the client's `x-request-id` if it sent a sane one, else a process
+/// counter), echoed in the response and carried by the log lines; a counter by route and status;
+/// a log line — debug for answers, warn for 5xx.
+async fn observe(req: Request, next: Next) -> Response {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.bytes().all(|c| c.is_ascii_graphic()))
+        .map_or_else(
+            || format!("r{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+            str::to_string,
+        );
+    let method = req.method().clone();
+    let mut resp = next.run(req).await;
+    let status = resp.status();
+    metrics::counter!("seckill_http_requests_total", "route" => route.clone(), "status" => status.as_u16().to_string())
+        .increment(1);
+    if status.is_server_error() {
+        tracing::warn!(request_id = %request_id, %method, route = %route, status = status.as_u16(), "request failed");
+    } else {
+        tracing::debug!(request_id = %request_id, %method, route = %route, status = status.as_u16(), "request");
+    }
+    if let Ok(v) = axum::http::HeaderValue::from_str(&request_id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+/// The body as bytes; a body over the limit (or unreadable) is refused as JSON like every error.
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state).await.map(RawBody).map_err(|rej| {
+            let status = rej.status();
+            let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "body_too_large"
+            } else {
+                "body_unreadable"
+            };
+            ApiError::new(status, code, rej.body_text()).field("body")
+        })
+    }
+}
+
+/// The client's IP: from the trusted proxy header when one is configured, else the socket.
+pub struct ClientIp(pub Option<IpAddr>);
+
+impl<C, B, L, N> FromRequestParts<Shared<C, B, L, N>> for ClientIp
+where
+    C: Send + Sync + 'static,
+    B: Send + Sync + 'static,
+    L: Send + Sync + 'static,
+    N: Send + Sync + 'static,
+{
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, api: &Shared<C, B, L, N>) -> Result<Self, ApiError> {
+        if let Some(header) = &api.trusted_proxy_header {
+            let Some(v) = parts.headers.get(header.as_str()) else {
+                return Ok(ClientIp(None));
+            };
+            // X-Forwarded-For style: the first address is the client.
+            let first = v.to_str().ok().and_then(|s| s.split(',').next()).map(str::trim);
+            return match first.and_then(|s| s.parse().ok()) {
+                Some(ip) => Ok(ClientIp(Some(ip))),
+                None => Err(
+                    ApiError::new(StatusCode::BAD_REQUEST, "invalid_input", "not an IP address")
+                        .field(header.clone()),
+                ),
+            };
+        }
+        Ok(ClientIp(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0.ip()),
+        ))
+    }
+}
+
+fn id_from(segment: &str) -> Result<ActivityId, ApiError> {
+    path_id("id", segment)
+        .map(ActivityId)
+        .map_err(ApiError::bad_input)
+}
+
+fn unknown_activity(a: ActivityId) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_activity",
+        format!("activity {a} is not open here"),
+    )
+    .field("id")
+}
+
+fn known<C: StockCache, B: OrderBus, L, N>(
+    api: &Shared<C, B, L, N>,
+    a: ActivityId,
+) -> Result<(Activity, ActivityState), ApiError> {
+    api.service.activity(a).ok_or_else(|| unknown_activity(a))
+}
+
+fn limited<C, B, L, N>(
+    api: &Shared<C, B, L, N>,
+    activity: &Activity,
+    user: u64,
+    ip: Option<IpAddr>,
+) -> Result<(), ApiError> {
+    let now = api.clock.now_ms();
+    let since_open = now.checked_sub(activity.spec().start_ms);
+    api.limits.check(user, ip, since_open).map_err(|l| {
+        metrics::counter!("seckill_rate_limited_total", "scope" => l.scope).increment(1);
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!("{} rate limit", l.scope),
+        );
+        e.retry_after_secs = Some(l.retry_after.as_millis().div_ceil(1_000) as u64);
+        e
+    })
+}
+
+fn outcome_error(o: &PurchaseOutcome) -> Option<ApiError> {
+    let (status, code, message) = match o {
+        PurchaseOutcome::Queued(_) => return None,
+        PurchaseOutcome::Duplicate => (
+            StatusCode::CONFLICT,
+            "duplicate",
+            "this user already holds a unit".to_string(),
+        ),
+        PurchaseOutcome::SoldOut => (StatusCode::GONE, "sold_out", "sold out".to_string()),
+        PurchaseOutcome::NotStarted => (
+            StatusCode::TOO_EARLY,
+            "not_started",
+            "the sale has not started".to_string(),
+        ),
+        PurchaseOutcome::Ended => (StatusCode::GONE, "ended", "the sale has ended".to_string()),
+        PurchaseOutcome::Unavailable { reason } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable", reason.clone())
+        }
+    };
+    Some(ApiError::new(status, code, message))
+}
+
+fn purchase_error(e: PurchaseError) -> ApiError {
+    match e {
+        PurchaseError::UnknownActivity(a) => unknown_activity(a),
+        PurchaseError::Invalid(f) => {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_input", f.reason).field(f.field)
+        }
+    }
+}
+
+async fn issue_token<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    Path(id): Path<String>,
+    ClientIp(ip): ClientIp,
+    RawBody(bytes): RawBody,
+) -> Result<Json<Value>, ApiError> {
+    let a = id_from(&id)?;
+    let req = body::token_request(&bytes).map_err(ApiError::bad_input)?;
+    let (activity, _) = known(&api, a)?;
+    limited(&api, &activity, req.user_id, ip)?;
+    // Tokens only inside the window, while the sale takes orders and has stock (from memory).
+    if let Some(answer) = api.service.precheck(a, UserId(req.user_id), 1) {
+        let o = answer.map_err(purchase_error)?;
+        return Err(outcome_error(&o).expect("memory never queues"));
+    }
+    let nonce = api.token_rng.lock().unwrap_or_else(|p| p.into_inner()).next_u64();
+    let (token, expires_at_ms) = api
+        .signer
+        .issue(a, UserId(req.user_id), api.clock.now_ms(), nonce);
+    Ok(Json(json!({ "token": token, "expires_at_ms": expires_at_ms })))
+}
+
+async fn purchase<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    Path(id): Path<String>,
+    ClientIp(ip): ClientIp,
+    RawBody(bytes): RawBody,
+) -> Response {
+    let started = tokio::time::Instant::now();
+    let result = purchase_inner(&api, &id, ip, &bytes).await;
+    let label = match &result {
+        Ok(_) => "queued",
+        Err(e) => e.code,
+    };
+    metrics::counter!("seckill_purchases_total", "outcome" => label).increment(1);
+    metrics::histogram!("seckill_purchase_seconds").record(started.elapsed().as_secs_f64());
+    match result {
+        Ok(r) => (
+            StatusCode::ACCEPTED,
+            Json(json!({ "status": "queued", "reservation_id": r.to_string() })),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    api: &Shared<C, B, L, N>,
+    id: &str,
+    ip: Option<IpAddr>,
+    bytes: &[u8],
+) -> Result<ReservationId, ApiError> {
+    let a = id_from(id)?;
+    let req = body::purchase_request(bytes).map_err(ApiError::bad_input)?;
+    let (activity, _) = known(api, a)?;
+    limited(api, &activity, req.user_id, ip)?;
+    let user = UserId(req.user_id);
+    let now = api.clock.now_ms();
+    let token = api.signer.verify(&req.token, a, user, now).map_err(|e| {
+        let status = if e.code == "token_malformed" {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::FORBIDDEN
+        };
+        ApiError::new(status, e.code, e.reason).field("token")
+    })?;
+    // Whatever memory can answer (sold out included) costs no store call, not even the nonce's.
+    if let Some(answer) = api.service.precheck(a, user, req.qty) {
+        let o = answer.map_err(purchase_error)?;
+        return Err(outcome_error(&o).expect("memory never queues"));
+    }
+    match api.nonces.claim(token.nonce, token.expires_ms, now).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(
+                ApiError::new(StatusCode::CONFLICT, "token_used", "this token was already used")
+                    .field("token"),
+            )
+        }
+        Err(e) => return Err(ApiError::unavailable(format!("token store: {e}"))),
+    }
+    match api
+        .service
+        .purchase(a, user, req.qty)
+        .await
+        .map_err(purchase_error)?
+    {
+        PurchaseOutcome::Queued(r) => Ok(r.id),
+        other => Err(outcome_error(&other).expect("not queued")),
+    }
+}
+
+async fn activity_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let a = id_from(&id)?;
+    let (activity, state) = known(&api, a)?;
+    let s = activity.spec();
+    Ok(Json(json!({
+        "id": a.0, "state": state.as_str(), "total_stock": s.total_stock, "buckets": s.buckets,
+        "per_user_limit": s.per_user_limit, "start_ms": s.start_ms, "end_ms": s.end_ms,
+        "pay_timeout_ms": s.pay_timeout_ms,
+    })))
+}
+
+async fn order_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    Path((id, user)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let a = id_from(&id)?;
+    let user = UserId(path_id("user", &user).map_err(ApiError::bad_input)?);
+    known(&api, a)?;
+    let plan = api.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    let view = order_status(&api.cache, &api.ledger, &plan, user)
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    Ok(Json(
+        json!({ "state": view.state, "reservation_id": view.reservation.map(|r| r.to_string()) }),
+    ))
+}
+
+fn reservation_from(segment: &str) -> Result<ReservationId, ApiError> {
+    segment
+        .parse()
+        .map_err(|e: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_input", e).field("reservation"))
+}
+
+fn no_order() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_order",
+        "no order with this reservation id",
+    )
+    .field("reservation")
+}
+
+async fn pay<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    Path(r): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = reservation_from(&r)?;
+    match api
+        .ledger
+        .pay(id)
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?
+    {
+        PayOutcome::Paid | PayOutcome::AlreadyPaid => Ok(Json(json!({ "status": "paid" }))),
+        PayOutcome::NotPayable(s) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_payable",
+            format!(
+                "the order is {}; no stock moved",
+                serde_json::to_value(s)
+                    .unwrap_or_default()
+                    .as_str()
+                    .unwrap_or("closed")
+            ),
+        )),
+        PayOutcome::NotFound => Err(no_order()),
+    }
+}
+
+async fn cancel<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    Path(r): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = reservation_from(&r)?;
+    match api
+        .ledger
+        .cancel(id)
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?
+    {
+        CancelOutcome::Cancelled(r) => {
+            // The unit goes back to its own bucket; if Redis is down now, the reconciler gives it
+            // back later (a cancelled order not yet released).
+            let _ = api.cache.release(&r, ReleaseKind::Cancelled).await;
+            Ok(Json(json!({ "status": "cancelled" })))
+        }
+        CancelOutcome::AlreadyCancelled => Ok(Json(json!({ "status": "cancelled" }))),
+        CancelOutcome::NotCancellable(s) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_cancellable",
+            format!(
+                "the order is {}",
+                serde_json::to_value(s)
+                    .unwrap_or_default()
+                    .as_str()
+                    .unwrap_or("closed")
+            ),
+        )),
+        CancelOutcome::NotFound => Err(no_order()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admin
+
+fn admin<C, B, L, N>(api: &Shared<C, B, L, N>, headers: &HeaderMap) -> Result<(), ApiError> {
+    use subtle::ConstantTimeEq;
+    let Some(v) = headers.get("authorization") else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "admin routes need a bearer token",
+        )
+        .field("authorization"));
+    };
+    let given = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if bool::from(given.as_bytes().ct_eq(api.admin_token.as_bytes())) {
+        Ok(())
+    } else {
+        Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "wrong admin token").field("authorization"))
+    }
+}
+
+fn store_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::unavailable(e.to_string())
+}
+
+/// Warm the activity in Redis and open it on this engine (idempotent).
+async fn open_here<C: StockCache, B: OrderBus, L, N>(
+    api: &Shared<C, B, L, N>,
+    activity: Activity,
+) -> Result<Value, ApiError> {
+    let plan = StockPlan::new(&activity);
+    let report = api.cache.warmup(&plan).await.map_err(store_error)?;
+    api.service.load_activity(activity).await.map_err(store_error)?;
+    Ok(json!({ "buckets_created": report.created, "buckets_existing": report.existing }))
+}
+
+async fn admin_create<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    RawBody(bytes): RawBody,
+) -> Result<Response, ApiError> {
+    admin(&api, &headers)?;
+    let spec = body::activity_spec(&bytes).map_err(ApiError::bad_input)?;
+    let activity = Activity::new(spec)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_input", e.reason).field(e.field))?;
+    let plan = StockPlan::new(&activity);
+    // Creating again with the same plan is idempotent; with another plan it is refused.
+    if let Some(existing) = api.ledger.activity(activity.id()).await.map_err(store_error)? {
+        if StockPlan::new(&existing).version != plan.version {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "activity_exists",
+                format!("activity {} exists with another plan", activity.id()),
+            )
+            .field("id"));
+        }
+    }
+    let created = api.ledger.install(&activity, &plan).await.map_err(store_error)?;
+    let mut view = open_here(&api, activity.clone()).await?;
+    view["id"] = json!(activity.id().0);
+    view["created"] = json!(created);
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(view)).into_response())
+}
+
+async fn admin_warmup<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let a = id_from(&id)?;
+    let activity = api
+        .ledger
+        .activity(a)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_activity",
+                format!("activity {a} is not installed"),
+            )
+            .field("id")
+        })?;
+    Ok(Json(open_here(&api, activity).await?))
+}
+
+async fn set_state<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    api: Shared<C, B, L, N>,
+    headers: HeaderMap,
+    id: String,
+    state: ActivityState,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let a = id_from(&id)?;
+    let plan = api.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    api.cache
+        .set_state(&plan, state, None)
+        .await
+        .map_err(store_error)?;
+    api.service.refresh_states().await;
+    Ok(Json(json!({ "id": a.0, "state": state.as_str() })))
+}
+
+async fn admin_pause<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_state(api, headers, id, ActivityState::Paused).await
+}
+
+async fn admin_resume<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_state(api, headers, id, ActivityState::Open).await
+}
+
+async fn admin_close<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_state(api, headers, id, ActivityState::Closed).await
+}
+
+async fn admin_reconcile<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let a = id_from(&id)?;
+    let plan = api.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    let r = jobs::reconcile(
+        &api.cache,
+        &api.ledger,
+        &api.bus,
+        &plan,
+        api.clock.now_ms(),
+        &ReconcileConfig::default(),
+    )
+    .await
+    .map_err(store_error)?;
+    Ok(Json(json!({
+        "skipped": r.skipped, "settled": r.settled, "republished": r.republished,
+        "pending_kept": r.pending_kept, "pending_cleared": r.pending_cleared,
+        "cancels_released": r.cancels_released, "transfers_finished": r.transfers_finished,
+        "failed": r.failed, "differences": r.differences.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+    })))
+}
+
+async fn admin_audit<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let a = id_from(&id)?;
+    let plan = api.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    let lag = api.bus.lag(ORDER_GROUP).await.map_err(store_error)?;
+    let snap = audit::snapshot(&api.cache, &api.ledger, &plan)
+        .await
+        .map_err(store_error)?;
+    let quiescent = lag == 0;
+    let violations = audit::check(&snap, quiescent);
+    let sold: u64 = snap
+        .orders
+        .iter()
+        .filter(|o| o.status.holds_stock())
+        .map(|o| o.qty)
+        .sum();
+    Ok(Json(json!({
+        "activity": a.0, "consumer_lag": lag, "r1_checked": quiescent, "units_sold": sold,
+        "verdict": seckill_invariants::verdict(&violations),
+        "violations": violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+    })))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operations
+
+async fn metrics_text<C, B, L, N>(State(api): State<Shared<C, B, L, N>>) -> Response {
+    match &api.metrics {
+        Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
+        None => ApiError::unavailable("metrics are not recorded in this process").into_response(),
+    }
+}
+
+/// Every store answers within the request timeout.
+async fn ready<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+) -> Response {
+    let redis = api.cache.meta(ActivityId(0)).await.map(|_| ());
+    let ledger = api.ledger.activity(ActivityId(0)).await.map(|_| ());
+    let bus = api.bus.lag(ORDER_GROUP).await.map(|_| ());
+    let verdict =
+        |r: &Result<(), crate::ports::PortError>| r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into());
+    let body = json!({ "redis": verdict(&redis), "ledger": verdict(&ledger), "bus": verdict(&bus) });
+    let status = if redis.is_ok() && ledger.is_ok() && bus.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}

@@ -1,0 +1,569 @@
+//! The HTTP API through `tower::ServiceExt::oneshot` (no sockets): every outcome of every route,
+//! a table of bad inputs (each with its status and code, and no stock moved), admin auth, the
+//! OpenAPI document against the router, metrics.
+
+use crate::support::{Mode, TestRedis};
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::Router;
+use rand::SeedableRng;
+use seckill_engine::adapters::embedded::{EmbeddedBus, EmbeddedLedger};
+use seckill_engine::adapters::script::ScriptedStockCache;
+use seckill_engine::api::config::ServeConfig;
+use seckill_engine::api::nonce::EmbeddedNonces;
+use seckill_engine::api::serve::{self, Secrets, Stores};
+use seckill_engine::api::{router, Shared, ROUTES};
+use seckill_engine::clock::Clock;
+use seckill_engine::domain::{ActivityId, StockPlan, UserId};
+use seckill_engine::ports::{Ledger, OrderBus, StockCache};
+use seckill_engine::service::OrderConsumer;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tower::ServiceExt;
+
+type TestApi = Shared<ScriptedStockCache<TestRedis>, EmbeddedBus, EmbeddedLedger, EmbeddedNonces>;
+
+const ADMIN: &str = "admin-token-0123456789";
+
+struct Harness {
+    app: Router,
+    api: TestApi,
+    redis: TestRedis,
+    bus: EmbeddedBus,
+    ledger: EmbeddedLedger,
+    now_ms: u64,
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn harness_with(tweak: impl FnOnce(&mut ServeConfig)) -> Harness {
+    let mut cfg = ServeConfig {
+        admin_token: Some(ADMIN.into()),
+        token_secret: Some("s".repeat(32)),
+        ..ServeConfig::default()
+    };
+    // The tests click fast as one user; the rate-limit tests set their own limits.
+    cfg.rate.per_user_per_sec = 1_000;
+    tweak(&mut cfg);
+    let redis = TestRedis::default();
+    let (bus, ledger) = (EmbeddedBus::new(3, 10_000), EmbeddedLedger::new());
+    let stores = Stores {
+        cache: ScriptedStockCache::new(redis.clone()),
+        bus: bus.clone(),
+        ledger: ledger.clone(),
+        nonces: EmbeddedNonces::default(),
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let secrets = Secrets::resolve(&cfg, &mut rng);
+    let now_ms = wall_ms();
+    let clock = Clock::new(now_ms, tokio::time::Instant::now());
+    let api = serve::api(&cfg, stores, &secrets, clock, &mut rng).unwrap();
+    Harness {
+        app: router(api.clone()),
+        api,
+        redis,
+        bus,
+        ledger,
+        now_ms,
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(|_| {})
+}
+
+async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value, HeaderMap) {
+    let mut req = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value, headers)
+}
+
+const AUTH: (&str, &str) = ("authorization", "Bearer admin-token-0123456789");
+
+impl Harness {
+    /// Create an activity through the admin route; `start`/`end` relative to now.
+    async fn activity(&self, id: u64, stock: u64, buckets: u32, start: i64, end: i64) {
+        let spec = json!({
+            "id": id, "total_stock": stock, "buckets": buckets, "fallback_pct": 0,
+            "start_ms": (self.now_ms as i64 + start) as u64, "end_ms": (self.now_ms as i64 + end) as u64,
+            "pay_timeout_ms": 60_000,
+        });
+        let (status, body, _) = call(
+            &self.app,
+            "POST",
+            "/api/v1/admin/activities",
+            Some(&spec.to_string()),
+            &[AUTH],
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+
+    async fn open(&self, id: u64, stock: u64) {
+        self.activity(id, stock, 2, -1_000, 3_600_000).await;
+    }
+
+    async fn token(&self, a: u64, user: u64) -> String {
+        let (status, body, _) = call(
+            &self.app,
+            "POST",
+            &format!("/api/v1/activities/{a}/token"),
+            Some(&json!({ "user_id": user }).to_string()),
+            &[],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["token"].as_str().unwrap().to_string()
+    }
+
+    async fn buy(&self, a: u64, user: u64) -> (StatusCode, Value, HeaderMap) {
+        let token = self.token(a, user).await;
+        self.buy_with(a, &json!({ "user_id": user, "token": token }).to_string())
+            .await
+    }
+
+    async fn buy_with(&self, a: u64, body: &str) -> (StatusCode, Value, HeaderMap) {
+        call(
+            &self.app,
+            "POST",
+            &format!("/api/v1/activities/{a}/purchase"),
+            Some(body),
+            &[],
+        )
+        .await
+    }
+
+    /// Apply everything on the bus to the ledger.
+    async fn drain(&self) {
+        let source = self.bus.subscribe("api-test").await.unwrap();
+        let cache = ScriptedStockCache::new(self.redis.clone());
+        let mut consumer = OrderConsumer::new(self.ledger.clone(), cache, source, 64);
+        while consumer.run_once().await.unwrap().delivered > 0 {}
+    }
+
+    /// Everything that counts as stock, for "nothing moved" comparisons.
+    async fn stock_state(&self, a: u64) -> String {
+        let plan = self.api.service.plan(ActivityId(a)).unwrap();
+        let cache = ScriptedStockCache::new(self.redis.clone());
+        format!(
+            "{:?} {:?} {}",
+            cache.snapshot(&plan).await.unwrap(),
+            self.ledger.snapshot(ActivityId(a)).await.unwrap(),
+            self.bus.backlog()
+        )
+    }
+}
+
+/// A request of the bad-input table: method, path, body, headers.
+type Req<'a> = (&'a str, String, String, Vec<(&'a str, &'a str)>);
+
+fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn purchase_answers_every_outcome() {
+    let h = harness();
+    h.open(1, 1).await;
+    let (s, body, _) = h.buy(1, 10).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["status"], "queued");
+    assert_eq!(body["reservation_id"].as_str().unwrap().len(), 32);
+    let (s, body, _) = h.buy(1, 10).await;
+    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "duplicate"));
+    // One unit: the next user finds it sold out, and from then on that user's bucket is known
+    // empty — a token and a purchase are refused from memory, with no Redis call at all.
+    let (s, body, _) = h.buy(1, 11).await;
+    assert_eq!((s, code(&body)), (StatusCode::GONE, "sold_out"));
+    let before = h.redis.calls.load(Ordering::SeqCst);
+    let (s, body, _) = call(
+        &h.app,
+        "POST",
+        "/api/v1/activities/1/token",
+        Some(r#"{"user_id": 11}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::GONE, "sold_out"),
+        "no token for a sold-out bucket"
+    );
+    let (issued, _) = h.api.signer.issue(ActivityId(1), UserId(11), h.now_ms, 77);
+    let (s, body, _) = h
+        .buy_with(1, &json!({ "user_id": 11, "token": issued }).to_string())
+        .await;
+    assert_eq!((s, code(&body)), (StatusCode::GONE, "sold_out"));
+    assert_eq!(
+        h.redis.calls.load(Ordering::SeqCst),
+        before,
+        "sold out is answered from memory"
+    );
+
+    h.activity(2, 10, 2, 3_600_000, 7_200_000).await;
+    let (s, body, _) = call(
+        &h.app,
+        "POST",
+        "/api/v1/activities/2/token",
+        Some(r#"{"user_id": 1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::TOO_EARLY, "not_started"),
+        "no token before the start"
+    );
+    let (early, _) = h.api.signer.issue(ActivityId(2), UserId(1), h.now_ms, 99);
+    let (s, body, _) = h
+        .buy_with(2, &json!({ "user_id": 1, "token": early }).to_string())
+        .await;
+    assert_eq!((s, code(&body)), (StatusCode::TOO_EARLY, "not_started"));
+
+    h.activity(3, 10, 2, -7_200_000, -3_600_000).await;
+    let (s, body, _) = call(
+        &h.app,
+        "POST",
+        "/api/v1/activities/3/token",
+        Some(r#"{"user_id": 1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!((s, code(&body)), (StatusCode::GONE, "ended"));
+
+    h.open(4, 10).await;
+    let (s, _, _) = call(&h.app, "POST", "/api/v1/admin/activities/4/pause", None, &[AUTH]).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, body, _) = call(
+        &h.app,
+        "POST",
+        "/api/v1/activities/4/token",
+        Some(r#"{"user_id": 1}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        "{body}"
+    );
+    call(&h.app, "POST", "/api/v1/admin/activities/4/resume", None, &[AUTH]).await;
+    let token = h.token(4, 1).await;
+    h.redis.knob.set(Mode::FailDeterminate);
+    let (s, body, _) = h
+        .buy_with(4, &json!({ "user_id": 1, "token": token }).to_string())
+        .await;
+    h.redis.knob.set(Mode::Pass);
+    assert_eq!((s, code(&body)), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("stock cache"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn rate_limits_answer_429_with_retry_after() {
+    let h = harness_with(|c| c.rate.per_user_per_sec = 2);
+    h.open(1, 100).await;
+    let ask = || {
+        call(
+            &h.app,
+            "POST",
+            "/api/v1/activities/1/token",
+            Some(r#"{"user_id": 5}"#),
+            &[],
+        )
+    };
+    assert_eq!(ask().await.0, StatusCode::OK);
+    assert_eq!(ask().await.0, StatusCode::OK);
+    let (s, body, headers) = ask().await;
+    assert_eq!((s, code(&body)), (StatusCode::TOO_MANY_REQUESTS, "rate_limited"));
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
+    let (s, _, _) = call(
+        &h.app,
+        "POST",
+        "/api/v1/activities/1/token",
+        Some(r#"{"user_id": 6}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "another user has a quota of its own");
+}
+
+#[tokio::test]
+async fn the_per_ip_limit_reads_the_trusted_proxy_header() {
+    let h = harness_with(|c| {
+        c.rate.per_ip_per_sec = 1;
+        c.trusted_proxy_header = Some("x-forwarded-for".into());
+    });
+    h.open(1, 100).await;
+    let ask = |user: u64, ip: &'static str| {
+        let body = json!({ "user_id": user }).to_string();
+        let app = h.app.clone();
+        async move {
+            call(
+                &app,
+                "POST",
+                "/api/v1/activities/1/token",
+                Some(&body),
+                &[("x-forwarded-for", ip)],
+            )
+            .await
+        }
+    };
+    assert_eq!(ask(1, "10.0.0.1, 10.9.9.9").await.0, StatusCode::OK);
+    assert_eq!(ask(2, "10.0.0.1").await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(ask(3, "10.0.0.2").await.0, StatusCode::OK);
+    let (s, body, _) = ask(4, "not-an-ip").await;
+    assert_eq!(
+        (s, body["error"]["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("x-forwarded-for"))
+    );
+}
+
+#[tokio::test]
+async fn status_pay_and_cancel() {
+    let h = harness();
+    h.open(1, 10).await;
+    let (_, none, _) = call(&h.app, "GET", "/api/v1/activities/1/orders/7", None, &[]).await;
+    assert_eq!(none["state"], "none");
+    let (_, q, _) = h.buy(1, 7).await;
+    let rid = q["reservation_id"].as_str().unwrap().to_string();
+    let (_, queued, _) = call(&h.app, "GET", "/api/v1/activities/1/orders/7", None, &[]).await;
+    assert_eq!(queued["state"], "queued");
+    h.drain().await;
+    let (_, created, _) = call(&h.app, "GET", "/api/v1/activities/1/orders/7", None, &[]).await;
+    assert_eq!(
+        (created["state"].as_str(), created["reservation_id"].as_str()),
+        (Some("created"), Some(rid.as_str()))
+    );
+    let (s, body, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/pay"), None, &[]).await;
+    assert_eq!((s, body["status"].as_str()), (StatusCode::OK, Some("paid")));
+    let (s, body, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &[]).await;
+    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "not_cancellable"));
+
+    let (_, q, _) = h.buy(1, 8).await;
+    let rid = q["reservation_id"].as_str().unwrap().to_string();
+    h.drain().await;
+    let plan = h.api.service.plan(ActivityId(1)).unwrap();
+    let cache = ScriptedStockCache::new(h.redis.clone());
+    let stock = |v: seckill_engine::ports::CacheView| v.buckets.iter().filter_map(|b| b.stock).sum::<i64>();
+    let before = stock(cache.snapshot(&plan).await.unwrap());
+    let (s, body, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &[]).await;
+    assert_eq!((s, body["status"].as_str()), (StatusCode::OK, Some("cancelled")));
+    assert_eq!(
+        stock(cache.snapshot(&plan).await.unwrap()),
+        before + 1,
+        "the unit is back in Redis"
+    );
+    let (s, _, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &[]).await;
+    assert_eq!(s, StatusCode::OK, "cancel is idempotent");
+    let (s, body, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/pay"), None, &[]).await;
+    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "not_payable"));
+    assert!(body["error"]["message"].as_str().unwrap().contains("cancelled"));
+    let (s, body, _) = call(
+        &h.app,
+        "POST",
+        &format!("/api/v1/orders/{}/pay", "0".repeat(32)),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!((s, code(&body)), (StatusCode::NOT_FOUND, "unknown_order"));
+
+    let (s, body, _) = call(&h.app, "GET", "/api/v1/admin/activities/1/audit", None, &[AUTH]).await;
+    assert_eq!(
+        (s, body["verdict"].as_str()),
+        (StatusCode::OK, Some("ok")),
+        "{body}"
+    );
+    let (_, view, _) = call(&h.app, "GET", "/api/v1/activities/1", None, &[]).await;
+    assert_eq!(
+        (view["state"].as_str(), view["total_stock"].as_u64()),
+        (Some("open"), Some(10))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_and_replayed_tokens_are_refused() {
+    let h = harness_with(|c| c.token_ttl_ms = 1_000);
+    h.open(1, 10).await;
+    let token = h.token(1, 3).await;
+    tokio::time::advance(std::time::Duration::from_millis(1_500)).await;
+    let (s, body, _) = h
+        .buy_with(1, &json!({ "user_id": 3, "token": token }).to_string())
+        .await;
+    assert_eq!((s, code(&body)), (StatusCode::FORBIDDEN, "token_expired"));
+
+    let token = h.token(1, 4).await;
+    let body = json!({ "user_id": 4, "token": token }).to_string();
+    assert_eq!(h.buy_with(1, &body).await.0, StatusCode::ACCEPTED);
+    let (s, resp, _) = h.buy_with(1, &body).await;
+    assert_eq!((s, code(&resp)), (StatusCode::CONFLICT, "token_used"));
+}
+
+#[tokio::test]
+async fn bad_inputs_get_their_status_and_code_and_move_no_stock() {
+    let h = harness_with(|c| c.body_limit_bytes = 256);
+    h.open(1, 10).await;
+    h.open(2, 10).await;
+    let good = h.token(1, 5).await;
+    let for_other_user = h.token(1, 6).await;
+    let for_other_activity = h.token(2, 5).await;
+    // One signature character changed (not the last: its low bits may be padding).
+    let mut tampered = good.clone();
+    let at = tampered.len() - 10;
+    let c = if &tampered[at..at + 1] == "A" { "B" } else { "A" };
+    tampered.replace_range(at..at + 1, c);
+    let huge = format!(r#"{{"user_id": 5, "token": "{}"}}"#, "x".repeat(400));
+    let before = h.stock_state(1).await;
+
+    let purchase = |b: &str| {
+        (
+            "POST",
+            "/api/v1/activities/1/purchase".to_string(),
+            b.to_string(),
+            vec![],
+        )
+    };
+    let with_token = |t: &str| json!({ "user_id": 5, "token": t }).to_string();
+    let cases: Vec<(&str, Req, StatusCode, &str, &str)> = vec![
+        ("malformed JSON", purchase("{"), StatusCode::BAD_REQUEST, "invalid_input", "body"),
+        ("not an object", purchase("[]"), StatusCode::BAD_REQUEST, "invalid_input", "body"),
+        ("missing user_id", purchase(r#"{"token": "t"}"#), StatusCode::BAD_REQUEST, "invalid_input", "user_id"),
+        ("missing token", purchase(r#"{"user_id": 5}"#), StatusCode::BAD_REQUEST, "invalid_input", "token"),
+        ("extra field", purchase(&format!(r#"{{"user_id": 5, "token": "{good}", "price": 0}}"#)), StatusCode::BAD_REQUEST, "invalid_input", "price"),
+        ("user_id a string", purchase(r#"{"user_id": "5", "token": "t"}"#), StatusCode::BAD_REQUEST, "invalid_input", "user_id"),
+        ("user_id negative", purchase(r#"{"user_id": -5, "token": "t"}"#), StatusCode::BAD_REQUEST, "invalid_input", "user_id"),
+        ("user_id huge", purchase(r#"{"user_id": 1e300, "token": "t"}"#), StatusCode::BAD_REQUEST, "invalid_input", "user_id"),
+        ("qty zero", purchase(&format!(r#"{{"user_id": 5, "token": "{good}", "qty": 0}}"#)), StatusCode::BAD_REQUEST, "invalid_input", "qty"),
+        ("qty over the limit", purchase(&format!(r#"{{"user_id": 5, "token": "{good}", "qty": 2}}"#)), StatusCode::BAD_REQUEST, "invalid_input", "qty"),
+        ("token a number", purchase(r#"{"user_id": 5, "token": 7}"#), StatusCode::BAD_REQUEST, "invalid_input", "token"),
+        ("token garbage", purchase(&with_token("garbage")), StatusCode::BAD_REQUEST, "token_malformed", "token"),
+        ("token of another user", purchase(&with_token(&for_other_user)), StatusCode::FORBIDDEN, "token_invalid", "token"),
+        ("token of another activity", purchase(&with_token(&for_other_activity)), StatusCode::FORBIDDEN, "token_invalid", "token"),
+        ("tampered signature", purchase(&with_token(&tampered)), StatusCode::FORBIDDEN, "token_invalid", "token"),
+        ("oversized body", purchase(&huge), StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "body"),
+        ("unknown activity", ("POST", "/api/v1/activities/99/purchase".into(), with_token(&good), vec![]), StatusCode::NOT_FOUND, "unknown_activity", "id"),
+        ("activity id not a number", ("POST", "/api/v1/activities/abc/purchase".into(), with_token(&good), vec![]), StatusCode::BAD_REQUEST, "invalid_input", "id"),
+        ("activity id zero", ("POST", "/api/v1/activities/0/token".into(), r#"{"user_id": 5}"#.into(), vec![]), StatusCode::BAD_REQUEST, "invalid_input", "id"),
+        ("user path not a number", ("GET", "/api/v1/activities/1/orders/-3".into(), String::new(), vec![]), StatusCode::BAD_REQUEST, "invalid_input", "user"),
+        ("reservation not hex", ("POST", "/api/v1/orders/xyz/pay".into(), String::new(), vec![]), StatusCode::BAD_REQUEST, "invalid_input", "reservation"),
+        ("admin without token", ("POST", "/api/v1/admin/activities/1/close".into(), String::new(), vec![]), StatusCode::UNAUTHORIZED, "unauthorized", "authorization"),
+        ("admin with a wrong token", ("POST", "/api/v1/admin/activities/1/close".into(), String::new(), vec![("authorization", "Bearer nope")]), StatusCode::FORBIDDEN, "forbidden", "authorization"),
+        ("admin: invalid activity", ("POST", "/api/v1/admin/activities".into(), r#"{"id": 1, "total_stock": 10, "buckets": 0, "fallback_pct": 0, "start_ms": 0, "end_ms": 1, "pay_timeout_ms": 1}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "buckets"),
+        ("admin: a plan change", ("POST", "/api/v1/admin/activities".into(), r#"{"id": 1, "total_stock": 11, "buckets": 2, "fallback_pct": 0, "start_ms": 0, "end_ms": 1, "pay_timeout_ms": 1}"#.into(), vec![AUTH]), StatusCode::CONFLICT, "activity_exists", "id"),
+        ("admin: unknown field", ("POST", "/api/v1/admin/activities".into(), r#"{"id": 1, "stock": 10}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "stock"),
+    ];
+    for (name, (method, uri, body, headers), status, want_code, field) in cases {
+        let body = (!body.is_empty()).then_some(body.as_str());
+        let (s, resp, _) = call(&h.app, method, &uri, body, &headers).await;
+        assert_eq!((s, code(&resp)), (status, want_code), "{name}: {resp}");
+        assert_eq!(resp["error"]["field"].as_str(), Some(field), "{name}: {resp}");
+        assert!(
+            !resp["error"]["message"].as_str().unwrap_or("").is_empty(),
+            "{name}: {resp}"
+        );
+    }
+    let (s, resp, _) = call(&h.app, "DELETE", "/api/v1/activities/1/purchase", None, &[]).await;
+    assert_eq!(
+        (s, code(&resp)),
+        (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+    );
+    let (s, resp, _) = call(&h.app, "GET", "/nope", None, &[]).await;
+    assert_eq!((s, code(&resp)), (StatusCode::NOT_FOUND, "no_route"));
+    assert_eq!(h.stock_state(1).await, before, "no bad input moved any stock");
+    // ... and the good token still works afterwards (none of the above used its nonce).
+    assert_eq!(h.buy_with(1, &with_token(&good)).await.0, StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_exactly_the_routes() {
+    let h = harness();
+    let (s, doc, _) = call(&h.app, "GET", "/api/v1/openapi.json", None, &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(doc["openapi"], "3.0.3");
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            assert!(
+                op["responses"].as_object().is_some_and(|r| !r.is_empty()),
+                "{method} {path}"
+            );
+            documented.insert((method.clone(), path.clone()));
+        }
+    }
+    let routed: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(documented, routed);
+}
+
+#[tokio::test]
+async fn health_and_metrics() {
+    let h = harness();
+    h.open(1, 10).await;
+    h.buy(1, 1).await;
+    let (s, _, headers) = call(&h.app, "GET", "/healthz", None, &[("x-request-id", "abc-1")]).await;
+    assert_eq!(
+        (s, headers.get("x-request-id").unwrap().to_str().unwrap()),
+        (StatusCode::OK, "abc-1")
+    );
+    let (_, _, headers) = call(&h.app, "GET", "/healthz", None, &[]).await;
+    assert!(
+        headers
+            .get("x-request-id")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with('r'),
+        "an id is made up"
+    );
+    let (s, body, _) = call(&h.app, "GET", "/readyz", None, &[]).await;
+    assert_eq!(
+        (s, body["redis"].as_str()),
+        (StatusCode::OK, Some("ok")),
+        "{body}"
+    );
+    h.redis.knob.set(Mode::FailDeterminate);
+    let (s, body, _) = call(&h.app, "GET", "/readyz", None, &[]).await;
+    h.redis.knob.set(Mode::Pass);
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (s, text, _) = call(&h.app, "GET", "/metrics", None, &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = text.as_str().unwrap();
+    assert!(text.contains("seckill_purchases_total"), "{text}");
+    assert!(text.contains("seckill_http_requests_total"), "{text}");
+}
+
+#[tokio::test]
+async fn the_ledger_plan_is_what_redis_was_warmed_with() {
+    let h = harness();
+    h.open(1, 10).await;
+    let plan = h.api.service.plan(ActivityId(1)).unwrap();
+    assert_eq!(
+        plan,
+        StockPlan::new(&h.ledger.activity(ActivityId(1)).await.unwrap().unwrap())
+    );
+}

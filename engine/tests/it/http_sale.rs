@@ -1,0 +1,226 @@
+//! A flash sale over real sockets: the API served on loopback (with its consumer and jobs), 5,000
+//! users each asking for a token and buying with it (or hearing "sold out" already at the token),
+//! 500 units — then the admin audit route must say every unit sold and every invariant holds. On the embedded stores always; on Redis, Kafka
+//! and MariaDB when their settings are in the environment.
+
+use crate::real::{kafka, mysql, redis_single, unique_id};
+use rand::SeedableRng;
+use seckill_engine::adapters::embedded::EmbeddedBackend;
+use seckill_engine::api::config::ServeConfig;
+use seckill_engine::api::nonce::{EmbeddedNonces, NonceStore, RedisNonces};
+use seckill_engine::api::serve::{self, Secrets, Stores};
+use seckill_engine::clock::Clock;
+use seckill_engine::ports::{Ledger, OrderBus, StockCache};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ADMIN: &str = "admin-token-0123456789";
+
+/// One HTTP/1.1 request on its own connection; (status, JSON body).
+async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>, admin: bool) -> (u16, Value) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = if admin {
+        format!("authorization: Bearer {ADMIN}\r\n")
+    } else {
+        String::new()
+    };
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let payload = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(payload).unwrap_or(Value::Null))
+}
+
+async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    stores: Stores<C, B, L, N>,
+    activity: u64,
+) {
+    let cfg = ServeConfig {
+        admin_token: Some(ADMIN.into()),
+        token_secret: Some("k".repeat(32)),
+        // Every client is 127.0.0.1 here: the per-IP limit would be the whole test's limit.
+        rate: seckill_engine::api::config::RateLimits {
+            per_ip_per_sec: 1_000_000,
+            ..ServeConfig::default().rate
+        },
+        ..ServeConfig::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(activity);
+    let secrets = Secrets::resolve(&cfg, &mut rng);
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    let clock = Clock::new(now_ms, tokio::time::Instant::now());
+    let api = serve::api(&cfg, stores, &secrets, clock, &mut rng).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = serve::start(api, listener, true).await.unwrap();
+    let addr = running.addr;
+
+    let spec = json!({
+        "id": activity, "total_stock": 500, "buckets": 8, "fallback_pct": 10,
+        "start_ms": now_ms - 1_000, "end_ms": now_ms + 3_600_000, "pay_timeout_ms": 900_000,
+    });
+    let (s, body) = http(addr, "POST", "/api/v1/admin/activities", Some(&spec), true).await;
+    assert_eq!(s, 201, "{body}");
+
+    let users: Vec<u64> = (1..=5_000).collect();
+    let mut answers: BTreeMap<u16, u64> = BTreeMap::new();
+    for wave in users.chunks(64) {
+        let tasks: Vec<_> = wave
+            .iter()
+            .map(|&user| {
+                tokio::spawn(async move {
+                    let path = format!("/api/v1/activities/{activity}/token");
+                    let (s, t) = http(addr, "POST", &path, Some(&json!({ "user_id": user })), false).await;
+                    if s != 200 {
+                        // Known sold out: refused before a token is even issued.
+                        assert_eq!(
+                            (s, t["error"]["code"].as_str()),
+                            (410, Some("sold_out")),
+                            "token: {t}"
+                        );
+                        return s;
+                    }
+                    let buy = json!({ "user_id": user, "token": t["token"] });
+                    let path = format!("/api/v1/activities/{activity}/purchase");
+                    http(addr, "POST", &path, Some(&buy), false).await.0
+                })
+            })
+            .collect();
+        for t in tasks {
+            *answers.entry(t.await.unwrap()).or_default() += 1;
+        }
+    }
+    assert_eq!(
+        answers.get(&202),
+        Some(&500),
+        "exactly the stock is queued: {answers:?}"
+    );
+    assert_eq!(answers.values().sum::<u64>(), 5_000);
+    assert!(
+        answers.keys().all(|s| [202, 410].contains(s)),
+        "only queued or sold out: {answers:?}"
+    );
+
+    // The consumer applies in the background; wait until the audit sees everything at rest.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let audit = loop {
+        let (s, audit) = http(
+            addr,
+            "GET",
+            &format!("/api/v1/admin/activities/{activity}/audit"),
+            None,
+            true,
+        )
+        .await;
+        assert_eq!(s, 200, "{audit}");
+        if audit["units_sold"] == 500 && audit["r1_checked"] == true {
+            break audit;
+        }
+        assert!(Instant::now() < deadline, "the sale never settled: {audit}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(audit["verdict"], "ok", "{audit}");
+    running.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flash_sale_over_http_on_the_embedded_stores() {
+    let b = EmbeddedBackend::new();
+    let stores = Stores {
+        cache: b.cache,
+        bus: b.bus,
+        ledger: b.ledger,
+        nonces: EmbeddedNonces::default(),
+    };
+    sale(stores, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flash_sale_over_http_on_the_real_stores() {
+    let (Some(cache), Some(bus), Some(ledger)) = (redis_single().await, kafka("http").await, mysql().await)
+    else {
+        return;
+    };
+    let nonces = RedisNonces::new(cache.conn().clone());
+    sale(
+        Stores {
+            cache,
+            bus,
+            ledger,
+            nonces,
+        },
+        unique_id(),
+    )
+    .await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `seckill serve` as a process: it answers, and SIGTERM stops it cleanly (exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_stops_gracefully_on_sigterm() {
+    let port = free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("REDIS_URL")
+        .env_remove("KAFKA_BROKERS")
+        .env_remove("DATABASE_URL")
+        .env("SECKILL_ADMIN_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "serve did not listen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(http(addr, "GET", "/readyz", None, false).await.0, 200);
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    let logs = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{logs}");
+    assert!(
+        logs.contains("not durable") && logs.contains("\"stopped\""),
+        "{logs}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_bad_setting_by_name() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(["serve"])
+        .env("SECKILL_RATE_PER_USER_PER_SEC", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("SECKILL_RATE_PER_USER_PER_SEC: must be in 1..=10000000, got 0"),
+        "{err}"
+    );
+}
