@@ -285,11 +285,20 @@ pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::Socket
                     ledger: real.ledger,
                     nonces,
                 };
+                let pool = stores.ledger.pool().clone();
                 let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
                 let running = serve::start(api, listener, cfg.run_consumer).await?;
                 tracing::info!(addr = %running.addr, "listening on the real stores");
+                let gauges = tokio::spawn(async move {
+                    loop {
+                        metrics::gauge!("seckill_ledger_pool_connections").set(pool.size() as f64);
+                        metrics::gauge!("seckill_ledger_pool_idle").set(pool.num_idle() as f64);
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                });
                 shutdown.await?;
                 running.shutdown().await.map_err(|e| e.to_string())?;
+                gauges.abort();
                 bus.flush().await.map_err(|e| e.to_string())?;
             }
         }

@@ -307,7 +307,10 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         let own = local.plan.route(user);
 
         let id = self.inner.ids.next();
-        let reservation = match self.inner.cache.reserve(&local.plan, user, qty, id, now).await {
+        let started = tokio::time::Instant::now();
+        let reserved = self.inner.cache.reserve(&local.plan, user, qty, id, now).await;
+        metrics::histogram!("seckill_reserve_seconds").record(started.elapsed().as_secs_f64());
+        let reservation = match reserved {
             Ok(ReserveOutcome::Reserved(r)) => r,
             Ok(ReserveOutcome::Duplicate) => return Ok(PurchaseOutcome::Duplicate),
             Ok(ReserveOutcome::Empty) => {
@@ -322,7 +325,10 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             Err(e) => return Ok(unavailable(format!("stock cache: {e}"))),
         };
 
-        let e = match self.inner.bus.publish(&reservation).await {
+        let started = tokio::time::Instant::now();
+        let published = self.inner.bus.publish(&reservation).await;
+        metrics::histogram!("seckill_publish_seconds").record(started.elapsed().as_secs_f64());
+        let e = match published {
             Ok(()) => return Ok(PurchaseOutcome::Queued(reservation)),
             Err(e) => e,
         };

@@ -555,6 +555,10 @@ async fn health_and_metrics() {
     let text = text.as_str().unwrap();
     assert!(text.contains("seckill_purchases_total"), "{text}");
     assert!(text.contains("seckill_http_requests_total"), "{text}");
+    assert!(
+        text.contains("seckill_reserve_seconds") && text.contains("seckill_publish_seconds"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
