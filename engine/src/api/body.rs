@@ -28,7 +28,14 @@ fn object(bytes: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, FieldErr
         return Err(field_error("body", "must be a JSON object"));
     };
     if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(field_error(unknown, "unknown field"));
+        // A key is echoed back as the field only if it reads as one (found by the fuzzer: `{"": 1}`).
+        let readable = !unknown.is_empty() && unknown.len() <= 64 && !unknown.chars().any(char::is_control);
+        return Err(if readable {
+            field_error(unknown, "unknown field")
+        } else {
+            let shown: String = unknown.chars().take(64).collect();
+            field_error("body", format!("unknown field {shown:?}"))
+        });
     }
     Ok(map)
 }
@@ -224,6 +231,18 @@ mod tests {
             field_of(purchase_request(br#"{"user_id": 1, "token": "t", "qty": 0}"#)),
             "qty"
         );
+    }
+
+    #[test]
+    fn unknown_keys_that_do_not_read_as_field_names_are_blamed_on_the_body() {
+        assert_eq!(
+            field_of(purchase_request(b"  {\"\":\r11\r}")),
+            "body",
+            "an empty key (fuzzer crash)"
+        );
+        assert_eq!(field_of(purchase_request(b"{\"a\\nb\": 1}")), "body");
+        let long = format!("{{\"{}\": 1}}", "k".repeat(100));
+        assert_eq!(field_of(purchase_request(long.as_bytes())), "body");
     }
 
     #[test]
