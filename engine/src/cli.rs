@@ -30,6 +30,10 @@ enum Command {
     Demo(DemoArgs),
     /// Serve the HTTP API (embedded stores unless REDIS_URL, KAFKA_BROKERS, DATABASE_URL are set).
     Serve(ServeArgs),
+    /// Capacity plan by the seeds' method: nodes per layer, concurrency, bandwidth, the short stave.
+    Plan(PlanArgs),
+    /// The seeds' stock-deduction strategies and the engine's paths, side by side on the real stores.
+    Bench(BenchArgs),
     /// Apply the ledger schema (migrations/) to DATABASE_URL; idempotent.
     Migrate,
     /// Check one activity's invariants on the real stores; exit 1 if one is violated.
@@ -46,6 +50,65 @@ struct ServeArgs {
     /// Address to listen on (overrides SECKILL_LISTEN and the file).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Seconds each strategy runs (throughput phase).
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
+    seconds: f64,
+    /// Workers running each strategy at once.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    concurrency: u32,
+    /// Orders published for each consumer row.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    orders: u64,
+    /// Only the strategies whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
+    /// Also write the table as CSV.
+    #[arg(long)]
+    csv: Option<std::path::PathBuf>,
+    /// Print one JSON object instead of the table (`seckill plan --from-bench` reads it).
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.1..=600.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("must be in 0.1..=600, got {v}"))
+    }
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// A worked scenario from the seeds.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(crate::capacity::PRESETS))]
+    preset: String,
+    /// Peak QPS at the door (overrides the preset's).
+    #[arg(long = "entry-qps", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    entry_qps: Option<u64>,
+    /// Size nodes for qps × SAFETY (2.0 = run at 50% of measured capacity).
+    #[arg(long, value_parser = parse_safety)]
+    safety: Option<f64>,
+    /// Take per-node capacities from a `seckill bench --json` file instead of the preset's.
+    #[arg(long = "from-bench")]
+    from_bench: Option<std::path::PathBuf>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_safety(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (1.0..=10.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("must be in 1..=10, got {v}"))
+    }
 }
 
 #[derive(clap::Args)]
@@ -121,6 +184,15 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Demo(args) => run_demo(args),
         Command::Serve(args) => tools::serve(args.config, args.listen),
+        Command::Plan(args) => run_plan(args),
+        Command::Bench(a) => tools::bench(tools::BenchOptions {
+            duration: std::time::Duration::from_secs_f64(a.seconds),
+            concurrency: a.concurrency as usize,
+            orders: a.orders,
+            only: a.only,
+            json: a.json,
+            csv: a.csv,
+        }),
         Command::Migrate => tools::migrate(),
         Command::Audit(args) => tools::audit(args.activity, args.json),
         Command::Reconcile(args) => tools::reconcile(args.activity, args.json),
@@ -239,4 +311,67 @@ fn print_table(cfg: &DemoConfig, r: &DemoReport, secs: f64) {
         println!("violation: {v}");
     }
     println!("invariants: {}", r.verdict);
+}
+
+fn run_plan(args: PlanArgs) -> ExitCode {
+    let Some(mut scenario) = crate::capacity::preset(&args.preset) else {
+        eprintln!("error: --preset: unknown preset {:?}", args.preset);
+        return ExitCode::from(2);
+    };
+    if let Some(q) = args.entry_qps {
+        scenario.entry_qps = q;
+    }
+    if let Some(f) = args.safety {
+        scenario.safety = f;
+    }
+    if let Some(path) = &args.from_bench {
+        let measured = match std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| crate::capacity::capacities_from_bench(&t))
+        {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("error: --from-bench {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        };
+        crate::capacity::apply_measured(&mut scenario, &measured);
+    }
+    let report = scenario.plan();
+    if args.json {
+        println!("{}", serde_json::to_string(&report).expect("plain data"));
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "seckill plan: {} (entry {} QPS, nodes sized for qps x {})",
+        report.scenario, scenario.entry_qps, scenario.safety
+    );
+    println!(
+        "{:<24} {:>10} {:>10} {:>9} {:>6} {:>12} {:>10}",
+        "layer", "qps in", "qps out", "per node", "nodes", "concurrency", "Gbps"
+    );
+    for (l, spec) in report.layers.iter().zip(&scenario.layers) {
+        let per_node = spec.per_node_qps.map_or("-".to_string(), |c| c.to_string());
+        let nodes = l.nodes.map_or("-".to_string(), |n| n.to_string());
+        println!(
+            "{:<24} {:>10} {:>10} {:>9} {:>6} {:>12.1} {:>10.2}",
+            l.name, l.qps_in, l.qps_out, per_node, nodes, l.concurrency, l.bandwidth_gbps
+        );
+    }
+    if let Some(w) = &report.weakest {
+        let h = report
+            .layers
+            .iter()
+            .find(|l| &l.name == w)
+            .and_then(|l| l.headroom)
+            .unwrap_or(0.0);
+        println!("short stave: {w} (capacity {h:.2}x its load)");
+    }
+    if let Some((total, max)) = report.db_connections {
+        println!("database connections from the application layer: {total} (max_connections {max})");
+    }
+    for w in &report.warnings {
+        println!("warning: {w}");
+    }
+    ExitCode::SUCCESS
 }

@@ -10,6 +10,9 @@ pub mod adapters;
 pub mod api;
 #[cfg(not(madsim))]
 pub mod backend;
+#[cfg(not(madsim))]
+pub mod bench;
+pub mod capacity;
 pub mod clock;
 pub mod conformance;
 pub mod demo;

@@ -8,6 +8,7 @@
 use crate::faults::{chance, delay_up_to, Faults};
 use crate::rpc::{self, addr};
 use madsim::net::Endpoint;
+use madsim::rand::Rng;
 use seckill_engine::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
 use seckill_engine::adapters::script::{Reply, ScriptConn};
 use seckill_engine::domain::{Activity, ActivityId, Reservation, ReservationId, StockPlan, UserId};
@@ -388,14 +389,21 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 f.fired("mq_lost_after_ack");
                 return Ok(0);
             }
+            if chance(knobs.mq_ack_lost) {
+                // The write outlives the producer's timeout (replication is slow): the record is
+                // committed — visible to consumers — only after the producer gave up, and the
+                // producer never hears. What a producer must treat as "may have happened".
+                f.fired("mq_ack_lost");
+                let lag_ms = madsim::rand::thread_rng().gen_range(400..900);
+                tokio::time::sleep(Duration::from_millis(lag_ms)).await;
+                l.append(&req.key, &req.payload);
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                return Err("ack lost".to_string());
+            }
             let offset = l.append(&req.key, &req.payload);
             if chance(knobs.mq_duplicate) {
                 f.fired("mq_duplicate");
                 l.append(&req.key, &req.payload);
-            }
-            if chance(knobs.mq_ack_lost) {
-                f.fired("mq_ack_lost");
-                tokio::time::sleep(Duration::from_secs(30)).await;
             }
             Ok(offset)
         }

@@ -306,3 +306,226 @@ pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::Socket
         Ok(ExitCode::SUCCESS)
     })
 }
+
+pub struct BenchOptions {
+    pub duration: std::time::Duration,
+    pub concurrency: usize,
+    pub orders: u64,
+    pub only: Option<String>,
+    pub json: bool,
+    pub csv: Option<std::path::PathBuf>,
+}
+
+/// `seckill bench`: every strategy on the real stores, one table.
+pub fn bench(opts: BenchOptions) -> ExitCode {
+    use crate::adapters::redis::{RedisConfig, RedisConn};
+    use crate::bench::{self, MysqlKind, RedisKind, Row, Strategy};
+    use std::sync::Arc;
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    run_on(runtime, async move {
+        let settings = RealSettings::from_env()
+            .map_err(|e| e.to_string())?
+            .ok_or("bench needs the real stores: set REDIS_URL, KAFKA_BROKERS and DATABASE_URL")?;
+        let real = RealBackend::connect(&settings).await.map_err(|e| e.to_string())?;
+        let run = wall_now_ms();
+        let wanted = |name: &str| opts.only.as_ref().is_none_or(|o| name.contains(o.as_str()));
+        let conns = |cfg: RedisConfig, n: usize| async move {
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                v.push(RedisConn::connect(&cfg).await.map_err(|e| e.to_string())?);
+            }
+            Ok::<_, String>(v)
+        };
+        let single = conns(settings.redis.clone(), opts.concurrency).await?;
+        let mut strategies: Vec<Arc<dyn Strategy>> = Vec::new();
+        let pool = real.ledger.pool().clone();
+        for kind in [
+            MysqlKind::SelectForUpdate,
+            MysqlKind::ConditionalUpdate,
+            MysqlKind::OptimisticVersion,
+            MysqlKind::Buckets,
+        ] {
+            strategies.push(Arc::new(bench::Mysql::new(pool.clone(), kind, run)));
+        }
+        for kind in [
+            RedisKind::NaiveGetDecr,
+            RedisKind::WatchOneKey,
+            RedisKind::WatchSubKeys,
+            RedisKind::LuaOneKey,
+            RedisKind::LuaBuckets,
+        ] {
+            strategies.push(Arc::new(bench::Redis::new(single.clone(), kind, run, false)));
+        }
+        if let Ok(nodes) = std::env::var("REDIS_CLUSTER_NODES") {
+            let cluster = conns(RedisConfig::cluster(&nodes), 1).await?;
+            for kind in [RedisKind::LuaOneKey, RedisKind::LuaBuckets] {
+                strategies.push(Arc::new(bench::Redis::new(cluster.clone(), kind, run, true)));
+            }
+        }
+        let mut rows: Vec<Row> = Vec::new();
+        for s in strategies.into_iter().filter(|s| wanted(&s.name())) {
+            eprintln!("bench: {}", s.name());
+            rows.push(bench::measure(s, opts.duration, opts.concurrency).await?);
+        }
+        // The engine's reserve path against the raw script: fresh activities, ample stock.
+        let engine_pair: [Arc<dyn Strategy>; 2] = [
+            Arc::new(bench::RawReserve {
+                conn: single[0].clone(),
+                plan: crate::domain::StockPlan::new(&bench::bench_activity(run, 1_000_000_000)),
+                next: std::sync::atomic::AtomicU64::new(1),
+            }),
+            {
+                let activity = bench::bench_activity(run + 1, 1_000_000_000);
+                let cache = crate::adapters::script::ScriptedStockCache::new(single[0].clone());
+                let bus = crate::adapters::embedded::EmbeddedBus::new(6, usize::MAX >> 1);
+                let clock = crate::clock::Clock::new(wall_now_ms(), tokio::time::Instant::now());
+                let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(run);
+                let service = crate::service::PurchaseService::new(
+                    cache.clone(),
+                    bus,
+                    clock,
+                    Default::default(),
+                    &mut rng,
+                );
+                Arc::new(bench::ServiceReserve {
+                    service,
+                    cache,
+                    activity,
+                })
+            },
+        ];
+        for s in engine_pair.into_iter().filter(|s| wanted(&s.name())) {
+            eprintln!("bench: {}", s.name());
+            let mut row = bench::measure_throughput(s, opts.duration, opts.concurrency).await?;
+            row.oversold = None;
+            rows.push(row);
+        }
+        // The consumer, batched against one transaction per order, on orders published for it.
+        for (max_batch, name) in [
+            (
+                crate::service::consumer::DEFAULT_MAX_BATCH,
+                crate::capacity::BENCH_DB,
+            ),
+            (1, "engine: consumer Kafka -> MariaDB, one transaction per order"),
+        ] {
+            if !wanted(name) {
+                continue;
+            }
+            eprintln!("bench: {name}");
+            let id = run + 2 + max_batch as u64;
+            let activity = bench::bench_activity(id, 1_000_000_000);
+            let plan = crate::domain::StockPlan::new(&activity);
+            real.ledger
+                .install(&activity, &plan)
+                .await
+                .map_err(|e| e.to_string())?;
+            for i in 0..opts.orders {
+                let user = crate::domain::UserId(i + 1);
+                let r = crate::domain::Reservation {
+                    id: crate::domain::ReservationId(((id as u128) << 64) | i as u128),
+                    activity: activity.id(),
+                    user,
+                    bucket: plan.route(user),
+                    qty: 1,
+                    reserved_at_ms: wall_now_ms(),
+                };
+                real.bus.publish(&r).await.map_err(|e| e.to_string())?;
+            }
+            let group = format!("bench-{id}");
+            let (ops, p99) = bench::consume(
+                &real.bus,
+                &real.ledger,
+                &real.cache,
+                &group,
+                opts.orders,
+                max_batch,
+            )
+            .await?;
+            rows.push(Row {
+                name: name.into(),
+                ops: opts.orders,
+                ops_per_sec: ops,
+                p50_us: 0,
+                p99_us: p99,
+                ratio: 0.0,
+                errors: 0,
+                oversold: None,
+            });
+        }
+        let rows = bench::with_ratios(rows);
+        if let Some(path) = &opts.csv {
+            let mut out = String::from("name,ops,ops_per_sec,p50_us,p99_us,ratio,errors,oversold\n");
+            for r in &rows {
+                out += &format!(
+                    "\"{}\",{},{:.1},{},{},{:.4},{},{}\n",
+                    r.name,
+                    r.ops,
+                    r.ops_per_sec,
+                    r.p50_us,
+                    r.p99_us,
+                    r.ratio,
+                    r.errors,
+                    r.oversold.map_or(String::new(), |o| o.to_string())
+                );
+            }
+            std::fs::write(path, out).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        }
+        if opts.json {
+            let value = serde_json::json!({
+                "duration_ms": opts.duration.as_millis() as u64,
+                "concurrency": opts.concurrency,
+                "contended_stock": bench::CONTENDED_STOCK,
+                "rows": rows,
+            });
+            println!("{value}");
+        } else {
+            println!(
+                "seckill bench: {} s per strategy, {} workers; oversold = units taken beyond {} under the same contention",
+                opts.duration.as_secs_f64(), opts.concurrency, bench::CONTENDED_STOCK
+            );
+            println!(
+                "{:<62} {:>11} {:>10} {:>10} {:>8} {:>7} {:>8}",
+                "strategy", "ops/s", "p50 us", "p99 us", "ratio", "errors", "oversold"
+            );
+            for r in &rows {
+                println!(
+                    "{:<62} {:>11.0} {:>10} {:>10} {:>8.3} {:>7} {:>8}",
+                    r.name,
+                    r.ops_per_sec,
+                    r.p50_us,
+                    r.p99_us,
+                    r.ratio,
+                    r.errors,
+                    r.oversold.map_or("-".to_string(), |o| o.to_string())
+                );
+            }
+            let find = |n: &str| rows.iter().find(|r| r.name == n).map(|r| r.ops_per_sec);
+            if let (Some(svc), Some(raw)) = (
+                find(crate::capacity::BENCH_APP),
+                find("engine: raw EVALSHA reserve.lua"),
+            ) {
+                println!(
+                    "engine reserve path / raw EVALSHA: {:.2} (goal >= 0.80)",
+                    svc / raw
+                );
+            }
+            if let (Some(b), Some(one)) = (
+                find(crate::capacity::BENCH_DB),
+                find("engine: consumer Kafka -> MariaDB, one transaction per order"),
+            ) {
+                println!(
+                    "consumer batched / one transaction per order: {:.1}x (goal >= 20x)",
+                    b / one
+                );
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
