@@ -32,6 +32,9 @@ enum Command {
     Serve(ServeArgs),
     /// Capacity plan by the seeds' method: nodes per layer, concurrency, bandwidth, the short stave.
     Plan(PlanArgs),
+    /// Load a running `seckill serve` on loopback: token + purchase per click; the funnel and latency.
+    #[command(allow_negative_numbers = true)]
+    Load(LoadArgs),
     /// The seeds' stock-deduction strategies and the engine's paths, side by side on the real stores.
     Bench(BenchArgs),
     /// Apply the ledger schema (migrations/) to DATABASE_URL; idempotent.
@@ -50,6 +53,49 @@ struct ServeArgs {
     /// Address to listen on (overrides SECKILL_LISTEN and the file).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(clap::Args)]
+struct LoadArgs {
+    /// The server, loopback only.
+    #[arg(long, default_value = "http://127.0.0.1:8080", value_parser = crate::load::parse_url)]
+    url: std::net::SocketAddr,
+    /// The activity to buy from.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    activity: u64,
+    /// Distinct users.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    users: u64,
+    /// Keep-alive connections (one worker each).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4_096))]
+    connections: u32,
+    /// Clicks per second over all connections (0: as fast as the server answers).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    rate: u64,
+    /// Stop after this many seconds even if clicks are left.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+    duration: f64,
+    /// Fraction of users crowded onto the hot eighth of the buckets (0 ≤ S < 1).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_skew)]
+    skew: f64,
+    /// Each user clicks 1..=K times.
+    #[arg(long = "clicks-per-user", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    clicks_per_user: u32,
+    /// Seed of the click order.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// What to send: the purchase funnel, or GET /healthz (the hello-world baseline).
+    #[arg(long, value_enum, default_value = "purchase")]
+    target: LoadTarget,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LoadTarget {
+    Purchase,
+    Healthz,
 }
 
 #[derive(clap::Args)]
@@ -185,6 +231,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => run_demo(args),
         Command::Serve(args) => tools::serve(args.config, args.listen),
         Command::Plan(args) => run_plan(args),
+        Command::Load(args) => run_load(args),
         Command::Bench(a) => tools::bench(tools::BenchOptions {
             duration: std::time::Duration::from_secs_f64(a.seconds),
             concurrency: a.concurrency as usize,
@@ -373,5 +420,109 @@ fn run_plan(args: PlanArgs) -> ExitCode {
     for w in &report.warnings {
         println!("warning: {w}");
     }
+    ExitCode::SUCCESS
+}
+
+fn run_load(args: LoadArgs) -> ExitCode {
+    use crate::load::{self, LoadConfig, Target};
+    let cfg = LoadConfig {
+        addr: args.url,
+        activity: args.activity,
+        users: args.users,
+        connections: args.connections as usize,
+        rate: args.rate,
+        duration: std::time::Duration::from_secs_f64(args.duration),
+        skew: args.skew,
+        clicks_per_user: args.clicks_per_user,
+        seed: args.seed,
+        target: match args.target {
+            LoadTarget::Purchase => Target::Purchase,
+            LoadTarget::Healthz => Target::Healthz,
+        },
+    };
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(args.users * (1 + args.clicks_per_user as u64) / 2);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {pos:>8} clicks answered  {per_sec}  {elapsed}")
+                .expect("the template is fixed"),
+        );
+        bar
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let tick = bar.clone();
+    let result = runtime.block_on(load::run(&cfg, move || tick.inc(1)));
+    bar.finish_and_clear();
+    let r = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.json {
+        let mut v = serde_json::to_value(&r).expect("plain data");
+        v["config"] = serde_json::to_value(&cfg).expect("plain data");
+        println!("{v}");
+        return ExitCode::SUCCESS;
+    }
+    let what = if cfg.target == Target::Healthz {
+        "GET /healthz"
+    } else {
+        "purchases"
+    };
+    println!(
+        "seckill load: {} users x 1-{} clicks, {} connections, rate {}, {:.1} s max -> {what}",
+        cfg.users,
+        cfg.clicks_per_user,
+        cfg.connections,
+        if cfg.rate == 0 {
+            "unlimited".to_string()
+        } else {
+            format!("{}/s", cfg.rate)
+        },
+        cfg.duration.as_secs_f64()
+    );
+    let label = |s: u16| match s {
+        200 => "ok",
+        202 => "queued",
+        409 => "duplicate / token used",
+        410 => "sold out / ended",
+        425 => "not started",
+        429 => "rate limited",
+        503 => "unavailable",
+        _ => "other",
+    };
+    let sent: u64 = r.by_status.values().sum();
+    println!("{what} answered {:>9}", sent);
+    for (s, n) in &r.by_status {
+        println!("  {s} {:<22} {n:>9}", label(*s));
+    }
+    for (s, n) in &r.tokens_refused {
+        println!("  token refused {s} {:<8} {n:>9}", label(*s));
+    }
+    println!("  connection errors {:>15}", r.errors);
+    println!(
+        "latency us: p50 {} p99 {} p999 {} max {}",
+        r.latency_us_p50, r.latency_us_p99, r.latency_us_p999, r.latency_us_max
+    );
+    println!(
+        "throughput: {:.0} requests/s ({} requests in {:.2} s){}",
+        r.requests_per_sec,
+        r.requests,
+        r.elapsed_s,
+        if r.completed {
+            ""
+        } else {
+            ", stopped by --duration"
+        }
+    );
     ExitCode::SUCCESS
 }

@@ -18,6 +18,8 @@ pub mod conformance;
 pub mod demo;
 pub mod domain;
 pub mod jobs;
+#[cfg(not(madsim))]
+pub mod load;
 #[cfg(madsim)]
 pub mod planted;
 pub mod ports;

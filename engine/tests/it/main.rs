@@ -13,3 +13,5 @@ mod purchase;
 #[cfg(not(madsim))]
 mod real;
 mod support;
+#[cfg(not(madsim))]
+mod tools;

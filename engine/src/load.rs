@@ -1,0 +1,359 @@
+//! `seckill load`: an HTTP load generator for a running `seckill serve` on loopback. Simulated
+//! users click "buy" (each click: a token request, then the purchase with that token) over a
+//! fixed number of keep-alive connections, optionally paced to a total rate, bounded in count
+//! (the clicks) and in time (the duration). The result is the funnel — what the purchases were
+//! answered — latency percentiles from an HDR histogram, and throughput.
+//!
+//! `--target healthz` sends `GET /healthz` instead: the hello-world baseline the purchase route
+//! is compared with (same server, same generator, same machine).
+
+use crate::domain::{BucketRouter, UserId};
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadConfig {
+    pub addr: SocketAddr,
+    pub activity: u64,
+    pub users: u64,
+    pub connections: usize,
+    /// Requests per second over all connections; 0: as fast as answers come.
+    pub rate: u64,
+    pub duration: Duration,
+    pub skew: f64,
+    pub clicks_per_user: u32,
+    pub seed: u64,
+    pub target: Target,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// Token, then purchase, per click.
+    Purchase,
+    /// `GET /healthz` (the baseline).
+    Healthz,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    /// Purchases (or healthz requests) answered, by HTTP status.
+    pub by_status: BTreeMap<u16, u64>,
+    /// Token requests refused (their status), which end a click without a purchase.
+    pub tokens_refused: BTreeMap<u16, u64>,
+    /// Requests that got no HTTP answer (connection errors).
+    pub errors: u64,
+    /// Every HTTP request sent (tokens included).
+    pub requests: u64,
+    pub elapsed_s: f64,
+    pub requests_per_sec: f64,
+    pub latency_us_p50: u64,
+    pub latency_us_p99: u64,
+    pub latency_us_p999: u64,
+    pub latency_us_max: u64,
+    /// The clicks were all sent before the duration ran out.
+    pub completed: bool,
+}
+
+/// Refuse anything but `http://<loopback>:<port>`: this tool must not load someone else's server.
+pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url:?} is not an http:// URL"))?;
+    let host_port = rest.trim_end_matches('/');
+    let addr: SocketAddr = match host_port.parse() {
+        Ok(a) => a,
+        Err(_) => match host_port.split_once(':') {
+            Some(("localhost", port)) => format!("127.0.0.1:{port}")
+                .parse()
+                .map_err(|_| format!("{url:?}: bad port"))?,
+            _ => return Err(format!("{url:?}: expected http://127.0.0.1:PORT")),
+        },
+    };
+    if !addr.ip().is_loopback() {
+        return Err(format!("{url:?}: only loopback addresses may be loaded"));
+    }
+    Ok(addr)
+}
+
+/// One keep-alive HTTP/1.1 connection.
+struct Conn {
+    addr: SocketAddr,
+    io: Option<BufReader<TcpStream>>,
+}
+
+impl Conn {
+    async fn request(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)> {
+        if self.io.is_none() {
+            let s = TcpStream::connect(self.addr).await?;
+            s.set_nodelay(true)?;
+            self.io = Some(BufReader::new(s));
+        }
+        let io = self.io.as_mut().expect("connected above");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        let result = async {
+            io.get_mut().write_all(req.as_bytes()).await?;
+            let mut line = String::new();
+            io.read_line(&mut line).await?;
+            let status: u16 = line
+                .split(' ')
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+            let mut len = 0usize;
+            let mut close = false;
+            loop {
+                line.clear();
+                io.read_line(&mut line).await?;
+                let l = line.trim_end();
+                if l.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = l.split_once(':') {
+                    let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+                    if k == "content-length" {
+                        len = v
+                            .parse()
+                            .map_err(|_| std::io::Error::other("bad content-length"))?;
+                    } else if k == "connection" && v.eq_ignore_ascii_case("close") {
+                        close = true;
+                    }
+                }
+            }
+            let mut body = vec![0u8; len];
+            io.read_exact(&mut body).await?;
+            Ok::<_, std::io::Error>((status, body, close))
+        }
+        .await;
+        match result {
+            Ok((status, body, close)) => {
+                if close {
+                    self.io = None;
+                }
+                Ok((status, body))
+            }
+            Err(e) => {
+                self.io = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The clicks in arrival order: users (a `skew` share crowded onto the hot eighth of `buckets`),
+/// each clicking 1..=K times, shuffled by the seed.
+pub fn clicks(cfg: &LoadConfig, buckets: u32) -> Vec<u64> {
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let hot = (buckets / 8).max(1);
+    let mut next = 1u64;
+    let mut out = Vec::new();
+    for _ in 0..cfg.users {
+        if buckets > 0 && rng.gen_bool(cfg.skew) {
+            while BucketRouter::route(UserId(next), buckets).0 >= hot {
+                next += 1;
+            }
+        }
+        for _ in 0..rng.gen_range(1..=cfg.clicks_per_user) {
+            out.push(next);
+        }
+        next += 1;
+    }
+    out.shuffle(&mut rng);
+    out
+}
+
+/// Run the load; `on_answer` is called per answered click (progress).
+pub async fn run(
+    cfg: &LoadConfig,
+    on_answer: impl Fn() + Send + Sync + 'static,
+) -> Result<LoadReport, String> {
+    let buckets = if cfg.target == Target::Purchase {
+        let mut c = Conn {
+            addr: cfg.addr,
+            io: None,
+        };
+        let (status, body) = c
+            .request("GET", &format!("/api/v1/activities/{}", cfg.activity), "")
+            .await
+            .map_err(|e| format!("--url: cannot reach {}: {e}", cfg.addr))?;
+        if status != 200 {
+            return Err(format!(
+                "--activity: the server answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        v["buckets"].as_u64().unwrap_or(1) as u32
+    } else {
+        0
+    };
+    let clicks = Arc::new(match cfg.target {
+        Target::Purchase => clicks(cfg, buckets),
+        // The baseline: as many requests as the purchase run would send purchases.
+        Target::Healthz => vec![0; (cfg.users * cfg.clicks_per_user as u64) as usize],
+    });
+    let next = Arc::new(AtomicUsize::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let on_answer = Arc::new(on_answer);
+    let started = tokio::time::Instant::now();
+    let deadline = started + cfg.duration;
+    // Pacing: each connection sends one click per `interval` (the rate split over connections).
+    let interval = (cfg.rate > 0).then(|| Duration::from_secs_f64(cfg.connections as f64 / cfg.rate as f64));
+    let workers: Vec<_> = (0..cfg.connections)
+        .map(|_| {
+            let (clicks, next, sent, on_answer, cfg) = (
+                clicks.clone(),
+                next.clone(),
+                sent.clone(),
+                on_answer.clone(),
+                cfg.clone(),
+            );
+            tokio::spawn(async move {
+                let mut conn = Conn {
+                    addr: cfg.addr,
+                    io: None,
+                };
+                let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+                let mut by_status: BTreeMap<u16, u64> = BTreeMap::new();
+                let mut refused: BTreeMap<u16, u64> = BTreeMap::new();
+                let mut errors = 0u64;
+                let mut tick = interval.map(tokio::time::interval);
+                loop {
+                    if tokio::time::Instant::now() >= deadline {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&user) = clicks.get(i) else { break };
+                    if let Some(t) = tick.as_mut() {
+                        t.tick().await;
+                    }
+                    let answer = match cfg.target {
+                        Target::Healthz => {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                            let t = tokio::time::Instant::now();
+                            let r = conn.request("GET", "/healthz", "").await;
+                            let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+                            r.map(|(s, _)| Some(s))
+                        }
+                        Target::Purchase => {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                            let path = format!("/api/v1/activities/{}/token", cfg.activity);
+                            match conn
+                                .request("POST", &path, &format!("{{\"user_id\":{user}}}"))
+                                .await
+                            {
+                                Ok((200, body)) => {
+                                    let token = serde_json::from_slice::<serde_json::Value>(&body)
+                                        .ok()
+                                        .and_then(|v| v["token"].as_str().map(str::to_string))
+                                        .unwrap_or_default();
+                                    sent.fetch_add(1, Ordering::Relaxed);
+                                    let path = format!("/api/v1/activities/{}/purchase", cfg.activity);
+                                    let buy = format!("{{\"user_id\":{user},\"token\":\"{token}\"}}");
+                                    let t = tokio::time::Instant::now();
+                                    let r = conn.request("POST", &path, &buy).await;
+                                    let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+                                    r.map(|(s, _)| Some(s))
+                                }
+                                Ok((status, _)) => {
+                                    *refused.entry(status).or_default() += 1;
+                                    Ok(None)
+                                }
+                                Err(e) => Err(e),
+                            }
+                        }
+                    };
+                    match answer {
+                        Ok(Some(status)) => *by_status.entry(status).or_default() += 1,
+                        Ok(None) => {}
+                        Err(_) => errors += 1,
+                    }
+                    on_answer();
+                }
+                (h, by_status, refused, errors)
+            })
+        })
+        .collect();
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    let (mut by_status, mut tokens_refused, mut errors) = (BTreeMap::new(), BTreeMap::new(), 0u64);
+    for w in workers {
+        let (h, s, r, e) = w.await.map_err(|e| e.to_string())?;
+        let _ = latency.add(&h);
+        for (k, v) in s {
+            *by_status.entry(k).or_insert(0) += v;
+        }
+        for (k, v) in r {
+            *tokens_refused.entry(k).or_insert(0) += v;
+        }
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let requests = sent.load(Ordering::Relaxed);
+    Ok(LoadReport {
+        by_status,
+        tokens_refused,
+        errors,
+        requests,
+        elapsed_s: elapsed,
+        requests_per_sec: requests as f64 / elapsed.max(1e-9),
+        latency_us_p50: latency.value_at_quantile(0.5),
+        latency_us_p99: latency.value_at_quantile(0.99),
+        latency_us_p999: latency.value_at_quantile(0.999),
+        latency_us_max: latency.max(),
+        completed: next.load(Ordering::Relaxed) >= clicks.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_urls_are_accepted() {
+        assert_eq!(parse_url("http://127.0.0.1:8080").unwrap().port(), 8080);
+        assert_eq!(parse_url("http://localhost:9000/").unwrap().port(), 9000);
+        assert!(parse_url("http://[::1]:80").unwrap().ip().is_loopback());
+        assert!(parse_url("https://127.0.0.1:1").is_err());
+        assert!(parse_url("http://10.0.0.1:80").unwrap_err().contains("loopback"));
+        assert!(parse_url("http://example.com:80").is_err());
+    }
+
+    #[test]
+    fn clicks_are_seeded_and_skewed() {
+        let cfg = LoadConfig {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            activity: 1,
+            users: 1_000,
+            connections: 1,
+            rate: 0,
+            duration: Duration::from_secs(1),
+            skew: 0.9,
+            clicks_per_user: 2,
+            seed: 5,
+            target: Target::Purchase,
+        };
+        let a = clicks(&cfg, 32);
+        assert_eq!(a, clicks(&cfg, 32));
+        let users: std::collections::BTreeSet<_> = a.iter().collect();
+        assert_eq!(users.len(), 1_000);
+        let hot = users
+            .iter()
+            .filter(|u| BucketRouter::route(UserId(***u), 32).0 < 4)
+            .count();
+        assert!(hot > 850, "{hot}");
+    }
+}

@@ -1,0 +1,186 @@
+//! `seckill plan`, `seckill load` and `seckill bench` as a user runs them.
+
+use crate::real::service;
+use rand::SeedableRng;
+use seckill_engine::adapters::embedded::EmbeddedBackend;
+use seckill_engine::api::config::{RateLimits, ServeConfig};
+use seckill_engine::api::nonce::EmbeddedNonces;
+use seckill_engine::api::serve::{self, Secrets, Stores};
+use seckill_engine::clock::Clock;
+use seckill_engine::load::{self, LoadConfig, Target};
+use serde_json::Value;
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+fn seckill(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn plan_reproduces_the_seeds_tables_and_refuses_bad_flags() {
+    let (code, out, _) = seckill(&["plan", "--preset", "seed-funnel-500k", "--json"]);
+    assert_eq!(code, Some(0));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let nodes: Vec<Value> = v["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["nodes"].clone())
+        .collect();
+    assert_eq!(
+        nodes,
+        serde_json::json!([20, null, 40, 3, null, 1])
+            .as_array()
+            .unwrap()
+            .clone()
+    );
+    let (code, out, _) = seckill(&["plan", "--preset", "seed-100k"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("gateway") && out.contains("short stave"), "{out}");
+    let (code, _, err) = seckill(&["plan", "--preset", "nope"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--preset"), "{err}");
+    let (code, _, err) = seckill(&["plan", "--preset", "seed-100k", "--safety", "0.5"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--safety"), "{err}");
+}
+
+#[test]
+fn load_refuses_a_non_loopback_url() {
+    let (code, _, err) = seckill(&["load", "--url", "http://10.1.2.3:80", "--activity", "1"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--url") && err.contains("loopback"), "{err}");
+}
+
+/// A sale driven by `seckill load`'s engine against the API on a socket: the funnel adds up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_drives_a_sale_and_reports_the_funnel() {
+    let cfg = ServeConfig {
+        admin_token: Some("admin-token-0123456789".into()),
+        token_secret: Some("k".repeat(32)),
+        rate: RateLimits {
+            per_ip_per_sec: 1_000_000,
+            ..ServeConfig::default().rate
+        },
+        ..ServeConfig::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let secrets = Secrets::resolve(&cfg, &mut rng);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    let b = EmbeddedBackend::new();
+    let stores = Stores {
+        cache: b.cache,
+        bus: b.bus,
+        ledger: b.ledger,
+        nonces: EmbeddedNonces::default(),
+    };
+    let api = serve::api(
+        &cfg,
+        stores,
+        &secrets,
+        Clock::new(now, tokio::time::Instant::now()),
+        &mut rng,
+    )
+    .unwrap();
+    let activity = seckill_engine::domain::Activity::new(seckill_engine::domain::ActivitySpec {
+        id: seckill_engine::domain::ActivityId(9),
+        total_stock: 200,
+        buckets: 8,
+        fallback_pct: 10,
+        per_user_limit: 1,
+        start_ms: now - 1_000,
+        end_ms: now + 3_600_000,
+        pay_timeout_ms: 900_000,
+    })
+    .unwrap();
+    let plan = seckill_engine::domain::StockPlan::new(&activity);
+    use seckill_engine::ports::{Ledger, StockCache};
+    api.ledger.install(&activity, &plan).await.unwrap();
+    api.cache.warmup(&plan).await.unwrap();
+    api.service.load_activity(activity).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = serve::start(api, listener, true).await.unwrap();
+    let cfg = LoadConfig {
+        addr: running.addr,
+        activity: 9,
+        users: 1_000,
+        connections: 8,
+        rate: 0,
+        duration: Duration::from_secs(60),
+        skew: 0.5,
+        clicks_per_user: 2,
+        seed: 1,
+        target: Target::Purchase,
+    };
+    let r = load::run(&cfg, || {}).await.unwrap();
+    assert!(r.completed);
+    assert_eq!(r.errors, 0);
+    assert_eq!(
+        r.by_status.get(&202),
+        Some(&200),
+        "exactly the stock queued: {r:?}"
+    );
+    let clicks = load::clicks(&cfg, 8).len() as u64;
+    let answered: u64 = r.by_status.values().sum::<u64>() + r.tokens_refused.values().sum::<u64>();
+    assert_eq!(answered, clicks, "every click answered once: {r:?}");
+    assert!(
+        r.latency_us_p50 > 0 && r.latency_us_p50 <= r.latency_us_p99 && r.latency_us_p99 <= r.latency_us_max
+    );
+    running.shutdown().await.unwrap();
+}
+
+#[test]
+fn bench_runs_the_strategies_side_by_side_and_counts_oversells() {
+    if service("REDIS_URL").is_none()
+        || service("KAFKA_BROKERS").is_none()
+        || service("DATABASE_URL").is_none()
+    {
+        return;
+    }
+    let (code, out, err) = seckill(&[
+        "bench",
+        "--seconds",
+        "0.3",
+        "--concurrency",
+        "4",
+        "--orders",
+        "50",
+        "--only",
+        "Lua",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert!(
+        names.contains(&"redis: Lua, one key") && names.contains(&"redis: Lua, 32 buckets"),
+        "{names:?}"
+    );
+    for r in rows {
+        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["oversold"], 0, "an atomic script never oversells: {r}");
+    }
+    assert_eq!(rows[0]["ratio"], 1.0);
+    // The output feeds the planner.
+    let path = std::env::temp_dir().join(format!("seckill-bench-{}.json", std::process::id()));
+    std::fs::write(&path, &out).unwrap();
+    let (code, plan, err) = seckill(&[
+        "plan",
+        "--preset",
+        "seed-100k",
+        "--from-bench",
+        path.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(plan.contains("redis (32 buckets)"), "{plan}");
+}
