@@ -129,6 +129,11 @@ for topic in seckill.orders seckill.orders.dlq; do
 done
 
 # ---------------------------------------------------------------------------------------------
+# A TrueType font for `seckill bench --plot` (chart text).
+
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || { say "installing fonts-dejavu-core"; apt_install fonts-dejavu-core; }
+
+# ---------------------------------------------------------------------------------------------
 
 cat >"$dir/env" <<EOF
 export REDIS_URL=redis://127.0.0.1:6379

@@ -635,3 +635,68 @@ pub async fn consume<B: OrderBus, L: Ledger, C: StockCache>(
         h.value_at_quantile(0.99),
     ))
 }
+
+// ---------------------------------------------------------------------------------------------
+// The chart.
+
+/// Where a TrueType font usually is on Debian (`fonts-dejavu-core`), for the chart's text.
+const FONT_PATHS: [&str; 2] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+/// A horizontal bar chart of ops/s (log scale, so that 100/s and 100,000/s both show), one bar
+/// per row, red where the strategy oversold.
+pub fn plot(rows: &[Row], path: &std::path::Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let font = FONT_PATHS
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or("no TrueType font found (install fonts-dejavu-core)")?;
+    // plotters keeps registered fonts for the life of the process.
+    plotters::style::register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| "the font does not load")?;
+    let (w, row_h, label_w, top) = (1400u32, 30u32, 560i32, 50i32);
+    let h = top as u32 + row_h * rows.len() as u32 + 20;
+    let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
+    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
+    root.fill(&WHITE).map_err(err)?;
+    let title = "seckill bench: ops/s, log scale (red: oversold)";
+    root.draw(&Text::new(title, (10, 12), ("sans-serif", 22).into_font()))
+        .map_err(err)?;
+    let max = rows
+        .iter()
+        .map(|r| r.ops_per_sec)
+        .fold(10.0f64, f64::max)
+        .log10()
+        .ceil();
+    let bar_w = (w as i32 - label_w - 140) as f64;
+    for (i, r) in rows.iter().enumerate() {
+        let y = top + i as i32 * row_h as i32;
+        let len = (r.ops_per_sec.max(1.0).log10() / max * bar_w).max(1.0) as i32;
+        let color = if r.oversold.unwrap_or(0) > 0 { RED } else { BLUE };
+        root.draw(&Text::new(
+            r.name.clone(),
+            (10, y + 6),
+            ("sans-serif", 16).into_font(),
+        ))
+        .map_err(err)?;
+        root.draw(&Rectangle::new(
+            [(label_w, y + 4), (label_w + len, y + row_h as i32 - 4)],
+            color.mix(0.7).filled(),
+        ))
+        .map_err(err)?;
+        let value = format!("{:.0}", r.ops_per_sec);
+        root.draw(&Text::new(
+            value,
+            (label_w + len + 8, y + 6),
+            ("sans-serif", 16).into_font(),
+        ))
+        .map_err(err)?;
+    }
+    root.present().map_err(err)
+}

@@ -115,6 +115,9 @@ struct BenchArgs {
     /// Also write the table as CSV.
     #[arg(long)]
     csv: Option<std::path::PathBuf>,
+    /// Also draw the ops/s as a bar chart (PNG).
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
     /// Print one JSON object instead of the table (`seckill plan --from-bench` reads it).
     #[arg(long)]
     json: bool,
@@ -239,6 +242,7 @@ pub fn main() -> ExitCode {
             only: a.only,
             json: a.json,
             csv: a.csv,
+            plot: a.plot,
         }),
         Command::Migrate => tools::migrate(),
         Command::Audit(args) => tools::audit(args.activity, args.json),

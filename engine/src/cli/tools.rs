@@ -314,6 +314,7 @@ pub struct BenchOptions {
     pub only: Option<String>,
     pub json: bool,
     pub csv: Option<std::path::PathBuf>,
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// `seckill bench`: every strategy on the real stores, one table.
@@ -476,6 +477,9 @@ pub fn bench(opts: BenchOptions) -> ExitCode {
                 );
             }
             std::fs::write(path, out).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        }
+        if let Some(path) = &opts.plot {
+            bench::plot(&rows, path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
         }
         if opts.json {
             let value = serde_json::json!({

@@ -145,7 +145,9 @@ fn bench_runs_the_strategies_side_by_side_and_counts_oversells() {
     {
         return;
     }
-    let (code, out, err) = seckill(&[
+    let png = std::env::temp_dir().join(format!("seckill-bench-{}.png", std::process::id()));
+    let png_arg = png.to_str().unwrap();
+    let args = [
         "bench",
         "--seconds",
         "0.3",
@@ -155,9 +157,15 @@ fn bench_runs_the_strategies_side_by_side_and_counts_oversells() {
         "50",
         "--only",
         "Lua",
-        "--json",
-    ]);
+    ];
+    let (code, out, err) = seckill(&[&args[..], &["--json", "--plot", png_arg]].concat());
     assert_eq!(code, Some(0), "{err}");
+    let chart = std::fs::read(&png).unwrap();
+    let _ = std::fs::remove_file(&png);
+    assert!(
+        chart.starts_with(b"\x89PNG") && chart.len() > 1_000,
+        "a PNG chart"
+    );
     let v: Value = serde_json::from_str(&out).unwrap();
     let rows = v["rows"].as_array().unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
