@@ -45,7 +45,10 @@ fn u64_field(
     name: &str,
     range: std::ops::RangeInclusive<u64>,
 ) -> Result<Option<u64>, FieldError> {
-    let Some(v) = map.get(name) else { return Ok(None) };
+    // An optional field given as null is absent.
+    let Some(v) = map.get(name).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
     let n = match v {
         Value::Number(n) => n.as_u64().ok_or_else(|| {
             field_error(
@@ -101,7 +104,29 @@ pub struct TokenRequest {
     pub user_id: u64,
 }
 
+/// The common case — a well-formed body — decoded straight into its struct (no map); anything
+/// else goes through the field-by-field decoder, which accepts the same bodies and names the
+/// field of the others.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FastToken {
+    user_id: u64,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FastPurchase {
+    user_id: u64,
+    token: String,
+    qty: Option<u64>,
+}
+
 pub fn token_request(bytes: &[u8]) -> Result<TokenRequest, FieldError> {
+    if let Ok(f) = serde_json::from_slice::<FastToken>(bytes) {
+        if USER_IDS.contains(&f.user_id) {
+            return Ok(TokenRequest { user_id: f.user_id });
+        }
+    }
     let map = object(bytes, &["user_id"])?;
     Ok(TokenRequest {
         user_id: required_u64(&map, "user_id", USER_IDS)?,
@@ -117,6 +142,21 @@ pub struct PurchaseRequest {
 }
 
 pub fn purchase_request(bytes: &[u8]) -> Result<PurchaseRequest, FieldError> {
+    if let Ok(f) = serde_json::from_slice::<FastPurchase>(bytes) {
+        let qty = f.qty.unwrap_or(1);
+        if USER_IDS.contains(&f.user_id) && (1..=1_000).contains(&qty) {
+            return Ok(PurchaseRequest {
+                user_id: f.user_id,
+                token: f.token,
+                qty: qty as u32,
+            });
+        }
+    }
+    purchase_fields(bytes)
+}
+
+/// The field-by-field decoder of a purchase body.
+fn purchase_fields(bytes: &[u8]) -> Result<PurchaseRequest, FieldError> {
     let map = object(bytes, &["user_id", "token", "qty"])?;
     let user_id = required_u64(&map, "user_id", USER_IDS)?;
     let token = match map.get("token") {
@@ -243,6 +283,36 @@ mod tests {
         assert_eq!(field_of(purchase_request(b"{\"a\\nb\": 1}")), "body");
         let long = format!("{{\"{}\": 1}}", "k".repeat(100));
         assert_eq!(field_of(purchase_request(long.as_bytes())), "body");
+    }
+
+    #[test]
+    fn the_fast_path_and_the_field_decoder_agree() {
+        let bodies: [&[u8]; 8] = [
+            br#"{"user_id": 7, "token": "t"}"#,
+            br#"{"user_id": 7, "token": "t", "qty": 1}"#,
+            br#"{"user_id": 7, "token": "t", "qty": null}"#,
+            br#"{"user_id": 0, "token": "t"}"#,
+            br#"{"user_id": 7, "token": "t", "qty": 1001}"#,
+            br#"{"user_id": 9223372036854775808, "token": "t"}"#,
+            br#"{"user_id": 7, "token": "t", "x": 1}"#,
+            br#"{"user_id": 7, "user_id": 8, "token": "t"}"#,
+        ];
+        for b in bodies {
+            let fields = purchase_fields(b);
+            let fast = serde_json::from_slice::<FastPurchase>(b)
+                .ok()
+                .filter(|f| USER_IDS.contains(&f.user_id) && (1..=1_000).contains(&f.qty.unwrap_or(1)));
+            match (&fast, &fields) {
+                (Some(f), Ok(p)) => assert_eq!(
+                    (f.user_id, f.token.as_str(), f.qty.unwrap_or(1) as u32),
+                    (p.user_id, p.token.as_str(), p.qty)
+                ),
+                // Duplicate keys: serde refuses them; the field decoder takes the last one.
+                (None, Ok(_)) => assert!(std::str::from_utf8(b).unwrap().matches("user_id").count() == 2),
+                (Some(_), Err(e)) => panic!("the fast path accepts what the decoder refuses ({e}): {b:?}"),
+                (None, Err(_)) => {}
+            }
+        }
     }
 
     #[test]

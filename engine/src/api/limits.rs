@@ -79,9 +79,28 @@ impl Limits {
         not_until.wait_time_from(self.clock.now())
     }
 
-    /// Check every limit for one request. `since_open_ms`: how long the activity has been open
-    /// (the ramp applies while it is below `ramp_ms`).
+    /// Check every limit for one request (the global one, then the keyed ones).
     pub fn check(&self, user: u64, ip: Option<IpAddr>, since_open_ms: Option<u64>) -> Result<(), Limited> {
+        self.check_global()?;
+        self.check_keyed(user, ip, since_open_ms)
+    }
+
+    /// The process-wide limit: one atomic step.
+    pub fn check_global(&self) -> Result<(), Limited> {
+        self.global.check().map_err(|n| Limited {
+            scope: "global",
+            retry_after: self.wait(&n),
+        })
+    }
+
+    /// The ramp, then the per-IP and per-user limits (map lookups). `since_open_ms`: how long the
+    /// activity has been open (the ramp applies while it is below `ramp_ms`).
+    pub fn check_keyed(
+        &self,
+        user: u64,
+        ip: Option<IpAddr>,
+        since_open_ms: Option<u64>,
+    ) -> Result<(), Limited> {
         if let Some(t) = since_open_ms.filter(|t| *t < self.ramp_ms) {
             // Admit t/ramp of the requests: every request counts, a deterministic share passes.
             let n = self.ramp_seen.fetch_add(1, Ordering::Relaxed) % 1_000;
@@ -92,10 +111,6 @@ impl Limits {
                 });
             }
         }
-        self.global.check().map_err(|n| Limited {
-            scope: "global",
-            retry_after: self.wait(&n),
-        })?;
         if let Some(ip) = ip {
             self.per_ip.check_key(&ip).map_err(|n| Limited {
                 scope: "ip",

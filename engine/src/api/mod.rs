@@ -3,9 +3,10 @@
 //! ones; never built under `cfg(madsim)` (the simulation drives the services directly).
 //!
 //! Order of checks on the purchase route, cheapest first: path and body decode (400), activity
-//! known locally (404), rate limits (429), token signature / binding / expiry (memory), the
-//! local answer — window, state, sold-out flag — (memory), then the token's nonce is claimed
-//! (Redis or memory) and only then does the request reach `PurchaseService` (Redis, Kafka).
+//! known locally (404), the global rate limit (429), the local answer — window, state, sold-out
+//! flag — (memory), the per-IP and per-user limits (429), the token's signature, binding and
+//! expiry (memory), then the token's nonce is claimed (Redis or memory) and only then does the
+//! request reach `PurchaseService` (Redis, Kafka).
 //! Every error is `{"error": {"code", "message", "field"}}`.
 
 pub mod body;

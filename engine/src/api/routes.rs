@@ -133,10 +133,12 @@ async fn within(timeout: Duration, req: Request, next: Next) -> Response {
 async fn observe(req: Request, next: Next) -> Response {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-    let route = req
+    // Labels from the static route table: no allocation per request, bounded cardinality.
+    let route: &'static str = req
         .extensions()
         .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+        .and_then(|p| ROUTES.iter().find(|(_, r)| *r == p.as_str()).map(|(_, r)| *r))
+        .unwrap_or("unmatched");
     let request_id = req
         .headers()
         .get("x-request-id")
@@ -149,8 +151,23 @@ async fn observe(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let mut resp = next.run(req).await;
     let status = resp.status();
-    metrics::counter!("seckill_http_requests_total", "route" => route.clone(), "status" => status.as_u16().to_string())
-        .increment(1);
+    let code: &'static str = match status.as_u16() {
+        200 => "200",
+        201 => "201",
+        202 => "202",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        409 => "409",
+        410 => "410",
+        413 => "413",
+        425 => "425",
+        429 => "429",
+        503 => "503",
+        _ => "other",
+    };
+    metrics::counter!("seckill_http_requests_total", "route" => route, "status" => code).increment(1);
     if status.is_server_error() {
         tracing::warn!(request_id = %request_id, %method, route = %route, status = status.as_u16(), "request failed");
     } else {
@@ -237,24 +254,37 @@ fn known<C: StockCache, B: OrderBus, L, N>(
     api.service.activity(a).ok_or_else(|| unknown_activity(a))
 }
 
-fn limited<C, B, L, N>(
+fn rate_limited(l: super::limits::Limited) -> ApiError {
+    metrics::counter!("seckill_rate_limited_total", "scope" => l.scope).increment(1);
+    let mut e = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!("{} rate limit", l.scope),
+    );
+    e.retry_after_secs = Some(l.retry_after.as_millis().div_ceil(1_000) as u64);
+    e
+}
+
+/// The funnel's front, in order: the global limit (one atomic step), then whatever memory can
+/// answer — not started, ended, paused, known sold out — before the per-IP and per-user limits
+/// (map lookups) and anything after: a request memory can refuse costs the least, and touches no
+/// store whatever its token says.
+fn front<C: StockCache, B: OrderBus, L, N>(
     api: &Shared<C, B, L, N>,
     activity: &Activity,
-    user: u64,
+    user: UserId,
+    qty: u32,
     ip: Option<IpAddr>,
 ) -> Result<(), ApiError> {
-    let now = api.clock.now_ms();
-    let since_open = now.checked_sub(activity.spec().start_ms);
-    api.limits.check(user, ip, since_open).map_err(|l| {
-        metrics::counter!("seckill_rate_limited_total", "scope" => l.scope).increment(1);
-        let mut e = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            format!("{} rate limit", l.scope),
-        );
-        e.retry_after_secs = Some(l.retry_after.as_millis().div_ceil(1_000) as u64);
-        e
-    })
+    api.limits.check_global().map_err(rate_limited)?;
+    if let Some(answer) = api.service.precheck(activity.id(), user, qty) {
+        let o = answer.map_err(purchase_error)?;
+        return Err(outcome_error(&o).expect("memory never queues"));
+    }
+    let since_open = api.clock.now_ms().checked_sub(activity.spec().start_ms);
+    api.limits
+        .check_keyed(user.0, ip, since_open)
+        .map_err(rate_limited)
 }
 
 fn outcome_error(o: &PurchaseOutcome) -> Option<ApiError> {
@@ -297,12 +327,8 @@ async fn issue_token<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let a = id_from(&id)?;
     let req = body::token_request(&bytes).map_err(ApiError::bad_input)?;
     let (activity, _) = known(&api, a)?;
-    limited(&api, &activity, req.user_id, ip)?;
-    // Tokens only inside the window, while the sale takes orders and has stock (from memory).
-    if let Some(answer) = api.service.precheck(a, UserId(req.user_id), 1) {
-        let o = answer.map_err(purchase_error)?;
-        return Err(outcome_error(&o).expect("memory never queues"));
-    }
+    // Tokens only inside the window, while the sale takes orders and has stock.
+    front(&api, &activity, UserId(req.user_id), 1, ip)?;
     let nonce = api.token_rng.lock().unwrap_or_else(|p| p.into_inner()).next_u64();
     let (token, expires_at_ms) = api
         .signer
@@ -343,8 +369,8 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let a = id_from(id)?;
     let req = body::purchase_request(bytes).map_err(ApiError::bad_input)?;
     let (activity, _) = known(api, a)?;
-    limited(api, &activity, req.user_id, ip)?;
     let user = UserId(req.user_id);
+    front(api, &activity, user, req.qty, ip)?;
     let now = api.clock.now_ms();
     let token = api.signer.verify(&req.token, a, user, now).map_err(|e| {
         let status = if e.code == "token_malformed" {
@@ -354,11 +380,6 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         };
         ApiError::new(status, e.code, e.reason).field("token")
     })?;
-    // Whatever memory can answer (sold out included) costs no store call, not even the nonce's.
-    if let Some(answer) = api.service.precheck(a, user, req.qty) {
-        let o = answer.map_err(purchase_error)?;
-        return Err(outcome_error(&o).expect("memory never queues"));
-    }
     match api.nonces.claim(token.nonce, token.expires_ms, now).await {
         Ok(true) => {}
         Ok(false) => {

@@ -214,13 +214,10 @@ async fn run_jobs<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             {
                 metrics::gauge!("seckill_reconcile_differences", "activity" => a.to_string())
                     .set(r.differences.len() as f64);
+                metrics::gauge!("seckill_open_reservations", "activity" => a.to_string()).set(r.open as f64);
             }
             let _ = jobs::cancel_unpaid(&api.cache, &api.ledger, &plan, now).await;
             let _ = jobs::rebalance(&api.cache, &api.ledger, &plan, now, &RebalanceConfig::default()).await;
-            if let Ok(view) = api.cache.snapshot(&plan).await {
-                let open: usize = view.buckets.iter().map(|b| b.open.len()).sum();
-                metrics::gauge!("seckill_open_reservations", "activity" => a.to_string()).set(open as f64);
-            }
         }
     }
 }

@@ -69,6 +69,8 @@ pub struct ReconcileReport {
     pub transfers_finished: u64,
     /// Actions that failed (retried next pass).
     pub failed: u64,
+    /// Reservations open in Redis when the pass read it (a gauge for operators).
+    pub open: u64,
     pub differences: Vec<Difference>,
 }
 
@@ -115,6 +117,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         Err(_) => *failed += 1,
     };
 
+    report.open = view.buckets.iter().map(|b| b.open.len() as u64).sum();
     for b in &view.buckets {
         let stock = b.stock.unwrap_or(0);
         let mut open_unordered = 0i64;
