@@ -46,17 +46,23 @@ if [ -n "$planted" ]; then
     "'$bin' sweep --planted {} --from $from --seeds $seeds ${shape[*]:-} --failures-dir '$out/caught' > '$out/planted-{}.jsonl' 2>/dev/null || true"
   cat "$out"/planted-*.jsonl | "$bin" summarize --planted || status=$?
 else
-  chunk=$(( (seeds + jobs - 1) / jobs ))
-  pids=()
-  for ((i = 0; i < jobs; i++)); do
-    start=$(( from + i * chunk ))
+  # Sweeps of at most $chunk seeds per process, $jobs at a time: a sweep process keeps a few MB
+  # per run it has simulated, so a long sweep in one process would run out of memory.
+  chunk=${SOAK_CHUNK:-50}
+  for ((start = from; start < from + seeds; start += chunk)); do
     n=$(( from + seeds - start )); [ "$n" -gt "$chunk" ] && n=$chunk
-    [ "$n" -ge 1 ] || break
-    "$bin" sweep --from "$start" --seeds "$n" ${shape[@]+"${shape[@]}"} --failures-dir "$out/failures" \
-      > "$out/part-$i.jsonl" 2>/dev/null &
-    pids+=($!)
+    echo "$start $n"
+  done | xargs -P "$jobs" -L 1 sh -c \
+    "'$bin' sweep --from \$0 --seeds \$1 ${shape[*]:-} --failures-dir '$out/failures' > '$out'/part-\$0.jsonl 2>/dev/null; echo \$? > '$out'/part-\$0.code"
+  # A sweep exits 1-3 when a seed fails (summarize reports those); one that died (killed by a
+  # signal, e.g. out of memory) left seeds unrun, and that fails the soak.
+  for f in "$out"/part-*.code; do
+    code=$(cat "$f")
+    if [ "$code" -gt 3 ]; then
+      echo "sweep ${f%.code} died (exit $code): its remaining seeds did not run" >&2
+      status=3
+    fi
   done
-  for p in "${pids[@]}"; do wait "$p" || true; done
   cat "$out"/part-*.jsonl | "$bin" summarize || status=$?
 fi
 

@@ -454,12 +454,9 @@ fn run_load(args: LoadArgs) -> ExitCode {
         );
         bar
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tools::runtime_multi() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let tick = bar.clone();
     let result = runtime.block_on(load::run(&cfg, move || tick.inc(1)));

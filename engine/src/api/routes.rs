@@ -661,12 +661,7 @@ async fn admin_reconcile<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     )
     .await
     .map_err(store_error)?;
-    Ok(Json(json!({
-        "skipped": r.skipped, "settled": r.settled, "republished": r.republished,
-        "pending_kept": r.pending_kept, "pending_cleared": r.pending_cleared,
-        "cancels_released": r.cancels_released, "transfers_finished": r.transfers_finished,
-        "failed": r.failed, "differences": r.differences.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
-    })))
+    Ok(Json(serde_json::to_value(&r).expect("plain data")))
 }
 
 async fn admin_audit<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(

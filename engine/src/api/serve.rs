@@ -52,6 +52,26 @@ pub struct Stores<C, B, L, N> {
     pub nonces: N,
 }
 
+impl
+    Stores<
+        crate::adapters::embedded::EmbeddedStockCache,
+        crate::adapters::embedded::EmbeddedBus,
+        crate::adapters::embedded::EmbeddedLedger,
+        super::nonce::EmbeddedNonces,
+    >
+{
+    /// Fresh in-memory stores (not durable).
+    pub fn embedded() -> Self {
+        let b = crate::adapters::embedded::EmbeddedBackend::new();
+        Stores {
+            cache: b.cache,
+            bus: b.bus,
+            ledger: b.ledger,
+            nonces: super::nonce::EmbeddedNonces::default(),
+        }
+    }
+}
+
 /// Secrets resolved for this process (generated when the configuration left them out).
 pub struct Secrets {
     pub admin_token: String,

@@ -15,13 +15,19 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     // One thread: the embedded stores serialize on their locks anyway (as Redis does), and a
     // current-thread scheduler makes a demo seed replay the same interleaving.
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("error: cannot start the runtime: {e}");
-            ExitCode::from(2)
-        })
+    built(tokio::runtime::Builder::new_current_thread().enable_all().build())
+}
+
+/// Every core: for the commands that serve or generate load.
+pub fn runtime_multi() -> Result<tokio::runtime::Runtime, ExitCode> {
+    built(tokio::runtime::Builder::new_multi_thread().enable_all().build())
+}
+
+fn built(rt: std::io::Result<tokio::runtime::Runtime>) -> Result<tokio::runtime::Runtime, ExitCode> {
+    rt.map_err(|e| {
+        eprintln!("error: cannot start the runtime: {e}");
+        ExitCode::from(2)
+    })
 }
 
 pub fn wall_now_ms() -> u64 {
@@ -157,18 +163,8 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
         .await
         .map_err(|e| e.to_string())?;
         if json {
-            let value = serde_json::json!({
-                "activity": id,
-                "skipped": r.skipped,
-                "settled": r.settled,
-                "republished": r.republished,
-                "pending_kept": r.pending_kept,
-                "pending_cleared": r.pending_cleared,
-                "cancels_released": r.cancels_released,
-                "transfers_finished": r.transfers_finished,
-                "failed": r.failed,
-                "differences": r.differences.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
-            });
+            let mut value = serde_json::to_value(&r).expect("plain data");
+            value["activity"] = serde_json::json!(id);
             println!("{value}");
         } else if r.skipped {
             println!(
@@ -194,7 +190,7 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
 /// `seckill serve`: settings, stores, then the API until SIGTERM or Ctrl-C.
 pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>) -> ExitCode {
     use crate::api::config::ServeConfig;
-    use crate::api::nonce::{EmbeddedNonces, RedisNonces};
+    use crate::api::nonce::RedisNonces;
     use crate::api::serve::{self, Secrets, Stores};
     use crate::clock::Clock;
     use rand::SeedableRng;
@@ -225,12 +221,9 @@ pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::Socket
             tracing_subscriber::EnvFilter::try_from_env("SECKILL_LOG").unwrap_or_else(|_| "info".into()),
         )
         .try_init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime_multi() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     run_on(runtime, async move {
         let settings = RealSettings::from_env().map_err(|e| e.to_string())?;
@@ -262,13 +255,7 @@ pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::Socket
         match settings {
             None => {
                 tracing::warn!("no store settings: serving on the embedded stores (in memory, not durable)");
-                let b = crate::adapters::embedded::EmbeddedBackend::new();
-                let stores = Stores {
-                    cache: b.cache,
-                    bus: b.bus,
-                    ledger: b.ledger,
-                    nonces: EmbeddedNonces::default(),
-                };
+                let stores = Stores::embedded();
                 let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
                 let running = serve::start(api, listener, cfg.run_consumer).await?;
                 tracing::info!(addr = %running.addr, "listening");
@@ -323,12 +310,9 @@ pub fn bench(opts: BenchOptions) -> ExitCode {
     use crate::bench::{self, MysqlKind, RedisKind, Row, Strategy};
     use std::sync::Arc;
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime_multi() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     run_on(runtime, async move {
         let settings = RealSettings::from_env()

@@ -38,7 +38,7 @@ impl Default for ReconcileConfig {
 }
 
 /// A difference between Redis and the ledger that the reconciler cannot explain.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Difference {
     pub activity: ActivityId,
     pub bucket: BucketNo,
@@ -56,7 +56,7 @@ impl fmt::Display for Difference {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReconcileReport {
     /// The pass did nothing: Redis lost the activity or it is recovering.
     pub skipped: bool,

@@ -3,11 +3,10 @@
 //! 500 units — then the admin audit route must say every unit sold and every invariant holds. On the embedded stores always; on Redis, Kafka
 //! and MariaDB when their settings are in the environment.
 
-use crate::real::{kafka, mysql, redis_single, unique_id};
+use crate::real::{free_port, kafka, mysql, redis_single, unique_id};
 use rand::SeedableRng;
-use seckill_engine::adapters::embedded::EmbeddedBackend;
 use seckill_engine::api::config::ServeConfig;
-use seckill_engine::api::nonce::{EmbeddedNonces, NonceStore, RedisNonces};
+use seckill_engine::api::nonce::{NonceStore, RedisNonces};
 use seckill_engine::api::serve::{self, Secrets, Stores};
 use seckill_engine::clock::Clock;
 use seckill_engine::ports::{Ledger, OrderBus, StockCache};
@@ -138,13 +137,7 @@ async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flash_sale_over_http_on_the_embedded_stores() {
-    let b = EmbeddedBackend::new();
-    let stores = Stores {
-        cache: b.cache,
-        bus: b.bus,
-        ledger: b.ledger,
-        nonces: EmbeddedNonces::default(),
-    };
+    let stores = Stores::embedded();
     sale(stores, 1).await;
 }
 
@@ -165,14 +158,6 @@ async fn a_flash_sale_over_http_on_the_real_stores() {
         unique_id(),
     )
     .await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `seckill serve` as a process: it answers, and SIGTERM stops it cleanly (exit 0).

@@ -2,9 +2,7 @@
 
 use crate::real::service;
 use rand::SeedableRng;
-use seckill_engine::adapters::embedded::EmbeddedBackend;
 use seckill_engine::api::config::{RateLimits, ServeConfig};
-use seckill_engine::api::nonce::EmbeddedNonces;
 use seckill_engine::api::serve::{self, Secrets, Stores};
 use seckill_engine::clock::Clock;
 use seckill_engine::load::{self, LoadConfig, Target};
@@ -75,13 +73,7 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     let secrets = Secrets::resolve(&cfg, &mut rng);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
-    let b = EmbeddedBackend::new();
-    let stores = Stores {
-        cache: b.cache,
-        bus: b.bus,
-        ledger: b.ledger,
-        nonces: EmbeddedNonces::default(),
-    };
+    let stores = Stores::embedded();
     let api = serve::api(
         &cfg,
         stores,

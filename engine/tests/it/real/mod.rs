@@ -30,6 +30,15 @@ pub fn service(var: &str) -> Option<String> {
     }
 }
 
+/// A loopback port nobody listens on (for a server a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Ids no earlier run and no other test in this run has used: the time in ms, times 1000, plus
 /// a per-process counter in steps of 100 (each caller may use the 100 ids after its own).
 pub fn unique_id() -> u64 {

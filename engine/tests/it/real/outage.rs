@@ -6,7 +6,7 @@
 //! outcome is unknown, the purchase answers Queued and the reservation stays open in Redis; after
 //! the restart the reconciler republishes it and the order appears in MariaDB.
 
-use super::{mysql, redis_single, service, unique_id};
+use super::{free_port, mysql, redis_single, service, unique_id};
 use rand::SeedableRng;
 use seckill_engine::adapters::embedded::EmbeddedBus;
 use seckill_engine::adapters::kafka::{KafkaBus, KafkaConfig};
@@ -22,14 +22,6 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn wall_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -273,9 +265,10 @@ impl Drop for OwnKafka {
     }
 }
 
-/// Wait until the broker serves metadata again (topic creation is idempotent).
+/// Wait until the broker serves metadata again (topic creation is idempotent). A JVM starting
+/// while the rest of the suite loads both cores can take a while: the bound is generous.
 async fn until_kafka_answers(bus: &KafkaBus) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(180);
     while let Err(e) = bus.ensure_topics().await {
         assert!(Instant::now() < deadline, "kafka did not come up: {e}");
         tokio::time::sleep(Duration::from_millis(250)).await;
