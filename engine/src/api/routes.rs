@@ -209,9 +209,14 @@ where
 {
     type Rejection = ApiError;
     async fn from_request_parts(parts: &mut Parts, api: &Shared<C, B, L, N>) -> Result<Self, ApiError> {
+        let socket = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip());
         if let Some(header) = &api.trusted_proxy_header {
+            // Without the header the request did not come through the proxy: the socket it is.
             let Some(v) = parts.headers.get(header.as_str()) else {
-                return Ok(ClientIp(None));
+                return Ok(ClientIp(socket));
             };
             // X-Forwarded-For style: the first address is the client.
             let first = v.to_str().ok().and_then(|s| s.split(',').next()).map(str::trim);
@@ -223,12 +228,7 @@ where
                 ),
             };
         }
-        Ok(ClientIp(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip()),
-        ))
+        Ok(ClientIp(socket))
     }
 }
 
