@@ -4,6 +4,8 @@
 use crate::clock::Clock;
 use crate::demo::{self, DemoConfig, DemoReport};
 use crate::domain::ActivityId;
+pub mod bench;
+pub mod load;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -58,7 +60,7 @@ struct ServeArgs {
 #[derive(clap::Args)]
 struct LoadArgs {
     /// The server, loopback only.
-    #[arg(long, default_value = "http://127.0.0.1:8080", value_parser = crate::load::parse_url)]
+    #[arg(long, default_value = "http://127.0.0.1:8080", value_parser = crate::cli::load::parse_url)]
     url: std::net::SocketAddr,
     /// The activity to buy from.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -428,7 +430,7 @@ fn run_plan(args: PlanArgs) -> ExitCode {
 }
 
 fn run_load(args: LoadArgs) -> ExitCode {
-    use crate::load::{self, LoadConfig, Target};
+    use crate::cli::load::{self, LoadConfig, Target};
     let cfg = LoadConfig {
         addr: args.url,
         activity: args.activity,

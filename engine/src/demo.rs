@@ -215,9 +215,9 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
     }
 
     // The consumer stops at its first empty poll after `stop`; first let it catch up with the bus.
-    let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    let deadline_ms = clock.now_ms() + DRAIN_TIMEOUT.as_millis() as u64;
     while bus.lag(ORDER_GROUP).await? > 0 {
-        if tokio::time::Instant::now() > deadline {
+        if clock.now_ms() > deadline_ms {
             return Err(DemoError::Stuck(format!(
                 "the consumer did not drain the bus in {DRAIN_TIMEOUT:?}"
             )));

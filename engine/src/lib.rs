@@ -10,16 +10,12 @@ pub mod adapters;
 pub mod api;
 #[cfg(not(madsim))]
 pub mod backend;
-#[cfg(not(madsim))]
-pub mod bench;
 pub mod capacity;
 pub mod clock;
 pub mod conformance;
 pub mod demo;
 pub mod domain;
 pub mod jobs;
-#[cfg(not(madsim))]
-pub mod load;
 #[cfg(madsim)]
 pub mod planted;
 pub mod ports;

@@ -52,6 +52,14 @@ where
     L: Ledger,
     N: NonceStore,
 {
+    // Pause, resume and close differ only in the state they set.
+    let to_state = |state: ActivityState| {
+        post(
+            move |State(api): State<Shared<C, B, L, N>>, headers: HeaderMap, Path(id): Path<String>| {
+                set_state(api, headers, id, state)
+            },
+        )
+    };
     let timeout = api.request_timeout;
     let limit = api.body_limit_bytes;
     Router::new()
@@ -71,15 +79,15 @@ where
         )
         .route(
             "/api/v1/admin/activities/{id}/pause",
-            post(admin_pause::<C, B, L, N>),
+            to_state(ActivityState::Paused),
         )
         .route(
             "/api/v1/admin/activities/{id}/resume",
-            post(admin_resume::<C, B, L, N>),
+            to_state(ActivityState::Open),
         )
         .route(
             "/api/v1/admin/activities/{id}/close",
-            post(admin_close::<C, B, L, N>),
+            to_state(ActivityState::Closed),
         )
         .route(
             "/api/v1/admin/activities/{id}/reconcile",
@@ -617,30 +625,6 @@ async fn set_state<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         .map_err(store_error)?;
     api.service.refresh_states().await;
     Ok(Json(json!({ "id": a.0, "state": state.as_str() })))
-}
-
-async fn admin_pause<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
-    State(api): State<Shared<C, B, L, N>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    set_state(api, headers, id, ActivityState::Paused).await
-}
-
-async fn admin_resume<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
-    State(api): State<Shared<C, B, L, N>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    set_state(api, headers, id, ActivityState::Open).await
-}
-
-async fn admin_close<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
-    State(api): State<Shared<C, B, L, N>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    set_state(api, headers, id, ActivityState::Closed).await
 }
 
 async fn admin_reconcile<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(

@@ -307,7 +307,7 @@ pub struct BenchOptions {
 /// `seckill bench`: every strategy on the real stores, one table.
 pub fn bench(opts: BenchOptions) -> ExitCode {
     use crate::adapters::redis::{RedisConfig, RedisConn};
-    use crate::bench::{self, MysqlKind, RedisKind, Row, Strategy};
+    use crate::cli::bench::{self, MysqlKind, RedisKind, Row, Strategy};
     use std::sync::Arc;
 
     let runtime = match runtime_multi() {
