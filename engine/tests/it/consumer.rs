@@ -44,7 +44,6 @@ async fn a_second_reservation_of_one_user_is_released_to_its_bucket() {
     rig.cache
         .conn()
         .inner
-        .model()
         .command(&[b"SREM".to_vec(), key.into_bytes(), u.to_string().into_bytes()]);
     let PurchaseOutcome::Queued(second) = rig.buy(u).await else {
         panic!()

@@ -112,7 +112,7 @@ impl World {
             Op::Restart => self.consumer = None,
             Op::ForgetMark(u) => {
                 let key = buyers_key(self.plan.activity, self.plan.route(UserId(u)));
-                self.b.cache.conn().model().command(&[
+                self.b.cache.conn().command(&[
                     b"SREM".to_vec(),
                     key.into_bytes(),
                     u.to_string().into_bytes(),

@@ -13,41 +13,142 @@ use crate::adapters::script::{Reply, ScriptConn, ScriptedStockCache};
 use crate::ports::{PortError, PortResult};
 use std::sync::Arc;
 
-/// A "connection" to an in-process `RedisModel`: calls never fail in transport.
-#[derive(Clone, Default)]
+/// An in-process Redis Cluster of `RedisModel` shards: a key lives on the shard that owns its
+/// hash slot (CRC16 of the hash tag, as Redis computes it, in contiguous slot ranges like a
+/// cluster's masters). Every script touches one slot, so a script runs whole on one shard — the
+/// cluster's atomicity — and scripts on different buckets do not wait for each other (one model
+/// is one lock). Calls never fail in transport.
+#[derive(Clone)]
 pub struct EmbeddedRedis {
-    model: Arc<RedisModel>,
+    shards: Arc<[Arc<RedisModel>]>,
+}
+
+/// Shards of a fresh embedded Redis: enough that two threads rarely want the same one.
+pub const EMBEDDED_REDIS_SHARDS: usize = 16;
+
+impl Default for EmbeddedRedis {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl EmbeddedRedis {
     pub fn new() -> Self {
-        Self::default()
+        EmbeddedRedis {
+            shards: (0..EMBEDDED_REDIS_SHARDS)
+                .map(|_| Arc::new(RedisModel::new()))
+                .collect(),
+        }
     }
 
-    /// A connection to an existing model (the simulation's Redis node shares its store).
+    /// One model as the whole keyspace (the simulation's Redis node shares its store).
     pub fn from_model(model: Arc<RedisModel>) -> Self {
-        EmbeddedRedis { model }
+        EmbeddedRedis {
+            shards: Arc::new([model]),
+        }
     }
 
-    pub fn model(&self) -> &RedisModel {
-        &self.model
+    fn shard(&self, key: &[u8]) -> &RedisModel {
+        let n = self.shards.len();
+        &self.shards[usize::from(key_slot(key)) * n / SLOTS]
     }
+
+    /// Run one command on the shard of its first key, as a cluster client routes it (EVAL and
+    /// EVALSHA: their first KEYS entry; without keys, the first shard). Other keyless commands
+    /// have no shard: use `dump`, `restore` or `flush_all`.
+    pub fn command(&self, argv: &[Vec<u8>]) -> Reply {
+        let script = argv
+            .first()
+            .is_some_and(|n| n.eq_ignore_ascii_case(b"EVAL") || n.eq_ignore_ascii_case(b"EVALSHA"));
+        let key = if script {
+            match argv.get(2).map(Vec::as_slice) {
+                Some(b"0") => return self.shards[0].command(argv),
+                _ => argv.get(3),
+            }
+        } else {
+            argv.get(1)
+        };
+        match key {
+            Some(key) => self.shard(key).command(argv),
+            None => Reply::Error("ERR the embedded cluster routes commands by their first key".into()),
+        }
+    }
+
+    /// A copy of the whole keyspace (the shards' key sets are disjoint).
+    pub fn dump(&self) -> Keyspace {
+        self.shards.iter().flat_map(|m| m.dump()).collect()
+    }
+
+    /// Every shard restarts and reloads its part of `keyspace` (an AOF/RDB image).
+    pub fn restore(&self, keyspace: Keyspace) {
+        let mut parts: Vec<Keyspace> = vec![Keyspace::new(); self.shards.len()];
+        let n = self.shards.len();
+        for (k, v) in keyspace {
+            parts[usize::from(key_slot(&k)) * n / SLOTS].insert(k, v);
+        }
+        for (m, part) in self.shards.iter().zip(parts) {
+            m.restore(part);
+        }
+    }
+
+    /// Every shard restarts without persistence.
+    pub fn flush_all(&self) {
+        self.shards.iter().for_each(|m| m.flush_all());
+    }
+}
+
+const SLOTS: usize = 16_384;
+
+/// Redis Cluster's key slot: CRC16 (XMODEM) of the hash tag — the part between the first `{`
+/// and the next `}` when that is not empty — or of the whole key, modulo 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&c| c == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter()
+            .position(|&c| c == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &b in tagged.unwrap_or(key) {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS as u16
 }
 
 impl ScriptConn for EmbeddedRedis {
     async fn eval_sha(&self, sha: &str, keys: &[String], args: &[String]) -> PortResult<Reply> {
-        Ok(self.model.eval_sha(sha, keys, args))
+        // A keyless script runs on the first shard (ours all take keys).
+        let shard = keys
+            .first()
+            .map_or(&*self.shards[0], |k| self.shard(k.as_bytes()));
+        Ok(shard.eval_sha(sha, keys, args))
     }
 
+    /// The shards' run ids, like a cluster's masters': any restart changes it.
     async fn run_id(&self) -> PortResult<String> {
-        Ok(self.model.run_id())
+        Ok(self
+            .shards
+            .iter()
+            .map(|m| m.run_id())
+            .collect::<Vec<_>>()
+            .join(","))
     }
 
     async fn script_load(&self, source: &str) -> PortResult<()> {
-        match self.model.script_load(source) {
-            Reply::Error(e) => Err(PortError::determinate("script load", e)),
-            _ => Ok(()),
+        for m in self.shards.iter() {
+            if let Reply::Error(e) = m.script_load(source) {
+                return Err(PortError::determinate("script load", e));
+            }
         }
+        Ok(())
     }
 }
 
@@ -79,5 +180,60 @@ impl EmbeddedBackend {
             bus: EmbeddedBus::new(EMBEDDED_PARTITIONS, EMBEDDED_BUS_CAPACITY),
             ledger: EmbeddedLedger::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_slots_are_redis_cluster_slots() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"123456789"), 0x31C3); // the CRC16 check value
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(key_slot(b"sk:{7.3}:stock"), key_slot(b"sk:{7.3}:resv"));
+    }
+
+    #[tokio::test]
+    async fn a_bucket_lives_on_one_shard_and_dump_restore_round_trips() {
+        let r = EmbeddedRedis::new();
+        let set = |k: &str, v: &str| r.command(&[b"SET".to_vec(), k.into(), v.into()]);
+        for b in 0..64 {
+            set(&format!("sk:{{1.{b}}}:stock"), "5");
+        }
+        let shards_used = r.shards.iter().filter(|m| !m.dump().is_empty()).count();
+        assert!(
+            shards_used > EMBEDDED_REDIS_SHARDS / 2,
+            "{shards_used} shards used"
+        );
+        let image = r.dump();
+        assert_eq!(image.len(), 64);
+        let before = r.run_id().await.unwrap();
+        r.flush_all();
+        assert!(r.dump().is_empty());
+        r.restore(image.clone());
+        assert_eq!(r.dump(), image);
+        assert_ne!(r.run_id().await.unwrap(), before);
+        let got = r.command(&[b"GET".to_vec(), b"sk:{1.9}:stock".to_vec()]);
+        assert_eq!(got, Reply::Bulk(b"5".to_vec()));
+        let eval = |numkeys: &str, key: &str| {
+            r.command(&[
+                b"EVAL".to_vec(),
+                b"return redis.call('GET', KEYS[1])".to_vec(),
+                numkeys.into(),
+                key.into(),
+            ])
+        };
+        assert_eq!(
+            eval("1", "sk:{1.9}:stock"),
+            Reply::Bulk(b"5".to_vec()),
+            "EVAL goes to its key's shard"
+        );
+        assert!(matches!(r.command(&[b"DBSIZE".to_vec()]), Reply::Error(_)));
     }
 }

@@ -12,6 +12,7 @@
 //! and nothing awaits while it is held.
 
 use crate::adapters::script::{sha1_hex, Reply};
+use bstr::BStr;
 use mlua::{Function, Lua, LuaOptions, StdLib, Table, Value as LuaValue};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -38,10 +39,9 @@ struct ModelState {
     lua: Lua,
     /// Compiled scripts by SHA1 (what `SCRIPT LOAD` / `EVAL` registered).
     scripts: BTreeMap<String, Function>,
-    /// Resets the sandbox's `math.random` state; called before every script.
-    reseed: Function,
-    /// `pcall`, captured before user code can see the globals.
-    pcall: Function,
+    /// Runs a script: sets KEYS and ARGV, resets the sandbox's `math.random`, calls it under
+    /// `pcall` — one crossing into Lua per script.
+    runner: Function,
     /// Incarnations so far: `INFO server` `run_id` changes on every restart, and so does ours.
     restarts: u64,
 }
@@ -84,18 +84,28 @@ setmetatable(_G, {
   __newindex = function(_, name) error("Script attempted to create global variable '" .. tostring(name) .. "'", 2) end,
   __index = function(_, name) error("Script attempted to access nonexistent global variable '" .. tostring(name) .. "'", 2) end,
 })
-return function() state = 1 end
+-- One call per script from Rust: KEYS and ARGV from the arguments, the random state reset,
+-- then the script under pcall (captured here, before user code can see the globals).
+local pcall, rawset = pcall, rawset
+return function(f, nkeys, ...)
+  local keys, argv, all = {}, {}, {...}
+  for i = 1, nkeys do keys[i] = all[i] end
+  for i = nkeys + 1, #all do argv[i - nkeys] = all[i] end
+  rawset(_G, "KEYS", keys)
+  rawset(_G, "ARGV", argv)
+  state = 1
+  return pcall(f)
+end
 "#;
 
 impl RedisModel {
     pub fn new() -> RedisModel {
-        let (lua, reseed, pcall) = new_lua().expect("the fixed sandbox always loads");
+        let (lua, runner) = new_lua().expect("the fixed sandbox always loads");
         RedisModel {
             state: Mutex::new(ModelState {
                 lua,
                 scripts: BTreeMap::new(),
-                reseed,
-                pcall,
+                runner,
                 restarts: 0,
             }),
         }
@@ -130,7 +140,7 @@ impl RedisModel {
                 } else {
                     String::from_utf8_lossy(target).to_ascii_lowercase()
                 };
-                st.eval(&sha, keys, args)
+                st.eval(&sha, &slices(&keys), &slices(&args))
             }
             "SCRIPT" => match argv
                 .get(1)
@@ -165,8 +175,7 @@ impl RedisModel {
     }
 
     pub fn eval_sha(&self, sha: &str, keys: &[String], args: &[String]) -> Reply {
-        let to_bytes = |v: &[String]| v.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
-        self.lock().eval(sha, to_bytes(keys), to_bytes(args))
+        self.lock().eval(sha, &slices(keys), &slices(args))
     }
 
     pub fn script_load(&self, source: &str) -> Reply {
@@ -213,7 +222,7 @@ impl RedisModel {
     }
 }
 
-fn new_lua() -> mlua::Result<(Lua, Function, Function)> {
+fn new_lua() -> mlua::Result<(Lua, Function)> {
     // Redis loads base, table, string, math (plus cjson/struct/bit, which our scripts avoid);
     // never os, io, package or debug.
     let lua = Lua::new_with(
@@ -228,9 +237,8 @@ fn new_lua() -> mlua::Result<(Lua, Function, Function)> {
         lua.create_function(|_, s: mlua::LuaString| Ok(sha1_hex(&s.to_string_lossy())))?,
     )?;
     lua.globals().set("redis", redis)?;
-    let pcall: Function = lua.globals().get("pcall")?;
-    let reseed: Function = lua.load(SANDBOX).set_name("=sandbox").call(())?;
-    Ok((lua, reseed, pcall))
+    let runner: Function = lua.load(SANDBOX).set_name("=sandbox").call(())?;
+    Ok((lua, runner))
 }
 
 impl ModelState {
@@ -248,7 +256,7 @@ impl ModelState {
         Ok(sha)
     }
 
-    fn eval(&mut self, sha: &str, keys: Vec<Vec<u8>>, args: Vec<Vec<u8>>) -> Reply {
+    fn eval(&mut self, sha: &str, keys: &[&[u8]], args: &[&[u8]]) -> Reply {
         let Some(f) = self.scripts.get(sha) else {
             return Reply::Error("NOSCRIPT No matching script. Please use EVAL.".into());
         };
@@ -258,27 +266,11 @@ impl ModelState {
         }
     }
 
-    fn run(&self, f: &Function, keys: Vec<Vec<u8>>, args: Vec<Vec<u8>>) -> mlua::Result<Reply> {
-        let lua = &self.lua;
-        let globals = lua.globals();
-        globals.raw_set(
-            "KEYS",
-            lua.create_sequence_from(
-                keys.iter()
-                    .map(|k| lua.create_string(k))
-                    .collect::<Result<Vec<_>, _>>()?,
-            )?,
-        )?;
-        globals.raw_set(
-            "ARGV",
-            lua.create_sequence_from(
-                args.iter()
-                    .map(|a| lua.create_string(a))
-                    .collect::<Result<Vec<_>, _>>()?,
-            )?,
-        )?;
-        self.reseed.call::<()>(())?;
-        let (ok, value): (bool, LuaValue) = self.pcall.call(f.clone())?;
+    fn run(&self, f: &Function, keys: &[&[u8]], args: &[&[u8]]) -> mlua::Result<Reply> {
+        let strings = keys.iter().chain(args).map(BStr::new);
+        let (ok, value): (bool, LuaValue) =
+            self.runner
+                .call((f, keys.len(), mlua::Variadic::from_iter(strings)))?;
         if ok {
             return Ok(lua_to_reply(&value));
         }
@@ -377,6 +369,10 @@ fn reply_to_lua(lua: &Lua, r: Reply) -> mlua::Result<LuaValue> {
     })
 }
 
+fn slices<T: AsRef<[u8]>>(v: &[T]) -> Vec<&[u8]> {
+    v.iter().map(AsRef::as_ref).collect()
+}
+
 fn arity(name: &str) -> Reply {
     Reply::Error(format!(
         "ERR wrong number of arguments for '{}' command",
@@ -408,10 +404,20 @@ fn parse_int(b: &[u8]) -> Option<i64> {
 
 /// Execute one data command against the keyspace.
 pub fn exec(ks: &mut Keyspace, argv: &[Vec<u8>]) -> Reply {
-    let name = String::from_utf8_lossy(&argv[0]).to_ascii_uppercase();
+    // The name upper-cased on the stack: every command a script sends passes here.
+    let mut upper = [0u8; 16];
+    let raw = &argv[0];
+    let name = match upper.get_mut(..raw.len()) {
+        Some(buf) => {
+            buf.copy_from_slice(raw);
+            buf.make_ascii_uppercase();
+            std::str::from_utf8(buf).unwrap_or("")
+        }
+        None => "",
+    };
     let args = &argv[1..];
-    let need = |ok: bool| if ok { None } else { Some(arity(&name)) };
-    let check = match name.as_str() {
+    let need = |ok: bool| if ok { None } else { Some(arity(name)) };
+    let check = match name {
         "GET" | "SMEMBERS" | "SCARD" | "HGETALL" | "HLEN" | "TYPE" => need(args.len() == 1),
         "INCR" | "DECR" => need(args.len() == 1),
         "SET" => need(args.len() == 2 || args.len() == 3),
@@ -421,12 +427,17 @@ pub fn exec(ks: &mut Keyspace, argv: &[Vec<u8>]) -> Reply {
         "SADD" | "SREM" | "HDEL" | "HMGET" => need(args.len() >= 2),
         "HSET" => need(args.len() >= 3 && args.len() % 2 == 1),
         "FLUSHALL" | "DBSIZE" => need(args.is_empty()),
-        _ => return Reply::Error(format!("ERR unknown command '{}'", name.to_ascii_lowercase())),
+        _ => {
+            return Reply::Error(format!(
+                "ERR unknown command '{}'",
+                String::from_utf8_lossy(raw).to_ascii_lowercase()
+            ))
+        }
     };
     if let Some(err) = check {
         return err;
     }
-    match name.as_str() {
+    match name {
         "GET" => match ks.get(&args[0]) {
             None => Reply::Nil,
             Some(Value::Str(v)) => Reply::Bulk(v.clone()),
@@ -445,7 +456,7 @@ pub fn exec(ks: &mut Keyspace, argv: &[Vec<u8>]) -> Reply {
             Reply::Status("OK".into())
         }
         "INCR" | "DECR" | "INCRBY" | "DECRBY" => {
-            let by = match name.as_str() {
+            let by = match name {
                 "INCR" => Some(1),
                 "DECR" => Some(-1),
                 "INCRBY" => parse_int(&args[1]),
@@ -484,8 +495,8 @@ pub fn exec(ks: &mut Keyspace, argv: &[Vec<u8>]) -> Reply {
             Reply::Status("OK".into())
         }
         "DBSIZE" => Reply::Int(ks.len() as i64),
-        "SADD" | "SREM" | "SISMEMBER" | "SMEMBERS" | "SCARD" => set_command(ks, &name, args),
-        _ => hash_command(ks, &name, args),
+        "SADD" | "SREM" | "SISMEMBER" | "SMEMBERS" | "SCARD" => set_command(ks, name, args),
+        _ => hash_command(ks, name, args),
     }
 }
 

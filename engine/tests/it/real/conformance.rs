@@ -1,6 +1,7 @@
 //! The foundation's conformance suites, against every real adapter.
 
 use super::{kafka, mysql, redis_cluster, redis_single, unique_id};
+use seckill_engine::adapters::embedded::key_slot;
 use seckill_engine::adapters::redis::RedisConn;
 use seckill_engine::adapters::script::{stock_key, Reply};
 use seckill_engine::conformance::{
@@ -59,6 +60,8 @@ async fn cluster_spreads_one_activity_over_its_nodes() {
         let Reply::Int(slot) = conn.query("keyslot", &cmd).await.unwrap() else {
             panic!("keyslot")
         };
+        // The embedded cluster shards by the same slot function.
+        assert_eq!(i64::from(key_slot(stock_key(plan.activity, b).as_bytes())), slot);
         nodes.insert(node_of_slot(conn, slot).await);
     }
     assert_eq!(

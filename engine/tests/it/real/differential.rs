@@ -339,9 +339,7 @@ fn redis_model_matches_real_redis() {
                 ));
             }
             let model_keys = keyspace(&plan, async |argv: Vec<String>| {
-                model
-                    .model()
-                    .command(&argv.iter().map(|a| a.as_bytes().to_vec()).collect::<Vec<_>>())
+                model.command(&argv.iter().map(|a| a.as_bytes().to_vec()).collect::<Vec<_>>())
             })
             .await;
             let real_keys = keyspace(&plan, async |argv: Vec<String>| {
