@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[derive(Debug, Clone, Serialize)]
@@ -86,65 +86,62 @@ pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
-/// One keep-alive HTTP/1.1 connection.
+/// One keep-alive HTTP/1.1 connection. Its buffers are reused from request to request: the
+/// generator shares the machine with the server it measures, so it should cost little per request.
 struct Conn {
     addr: SocketAddr,
-    io: Option<BufReader<TcpStream>>,
+    io: Option<TcpStream>,
+    /// The request being sent.
+    out: Vec<u8>,
+    /// Bytes read and not yet consumed.
+    input: Vec<u8>,
+    /// The last response's body.
+    body: Vec<u8>,
 }
 
+/// Responses larger than this are refused (ours are a few hundred bytes).
+const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
 impl Conn {
-    async fn request(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    fn new(addr: SocketAddr) -> Conn {
+        Conn {
+            addr,
+            io: None,
+            out: Vec::with_capacity(256),
+            input: Vec::with_capacity(4096),
+            body: Vec::with_capacity(1024),
+        }
+    }
+
+    /// Send one request; the status comes back, the body is left in `self.body`.
+    async fn request(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<u16> {
+        use std::io::Write;
         if self.io.is_none() {
             let s = TcpStream::connect(self.addr).await?;
             s.set_nodelay(true)?;
-            self.io = Some(BufReader::new(s));
+            self.io = Some(s);
+            self.input.clear();
         }
-        let io = self.io.as_mut().expect("connected above");
-        let req = format!(
+        self.out.clear();
+        write!(
+            self.out,
             "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             self.addr,
             body.len()
-        );
-        let result = async {
-            io.get_mut().write_all(req.as_bytes()).await?;
-            let mut line = String::new();
-            io.read_line(&mut line).await?;
-            let status: u16 = line
-                .split(' ')
-                .nth(1)
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
-            let mut len = 0usize;
-            let mut close = false;
-            loop {
-                line.clear();
-                io.read_line(&mut line).await?;
-                let l = line.trim_end();
-                if l.is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = l.split_once(':') {
-                    let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-                    if k == "content-length" {
-                        len = v
-                            .parse()
-                            .map_err(|_| std::io::Error::other("bad content-length"))?;
-                    } else if k == "connection" && v.eq_ignore_ascii_case("close") {
-                        close = true;
-                    }
-                }
-            }
-            let mut body = vec![0u8; len];
-            io.read_exact(&mut body).await?;
-            Ok::<_, std::io::Error>((status, body, close))
-        }
+        )?;
+        let result = Self::exchange(
+            self.io.as_mut().expect("connected above"),
+            &self.out,
+            &mut self.input,
+            &mut self.body,
+        )
         .await;
         match result {
-            Ok((status, body, close)) => {
+            Ok((status, close)) => {
                 if close {
                     self.io = None;
                 }
-                Ok((status, body))
+                Ok(status)
             }
             Err(e) => {
                 self.io = None;
@@ -152,6 +149,79 @@ impl Conn {
             }
         }
     }
+
+    async fn exchange(
+        io: &mut TcpStream,
+        request: &[u8],
+        input: &mut Vec<u8>,
+        body: &mut Vec<u8>,
+    ) -> std::io::Result<(u16, bool)> {
+        let bad = |what: &str| std::io::Error::other(what.to_string());
+        io.write_all(request).await?;
+        let head_end = loop {
+            if let Some(i) = input.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            Self::fill(io, input).await?;
+        };
+        let head = std::str::from_utf8(&input[..head_end]).map_err(|_| bad("response head is not UTF-8"))?;
+        let mut lines = head.split("\r\n");
+        let status: u16 = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("bad status line"))?;
+        let (mut len, mut close) = (0usize, false);
+        for line in lines {
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
+            let (k, v) = (k.trim(), v.trim());
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.parse().map_err(|_| bad("bad content-length"))?;
+            } else if k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close") {
+                close = true;
+            }
+        }
+        if len > MAX_RESPONSE_BYTES {
+            return Err(bad("response too large"));
+        }
+        while input.len() < head_end + len {
+            Self::fill(io, input).await?;
+        }
+        body.clear();
+        body.extend_from_slice(&input[head_end..head_end + len]);
+        input.drain(..head_end + len);
+        Ok((status, close))
+    }
+
+    async fn fill(io: &mut TcpStream, input: &mut Vec<u8>) -> std::io::Result<()> {
+        if input.len() > MAX_RESPONSE_BYTES {
+            return Err(std::io::Error::other("response too large"));
+        }
+        let n = io.read_buf(input).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(())
+    }
+}
+
+/// The token of a token answer: `"token":"…"` read in place (tokens are base64url, never
+/// escaped), else the JSON parsed properly.
+fn token_of(body: &[u8]) -> Option<String> {
+    const FIELD: &[u8] = b"\"token\":\"";
+    let fast = body.windows(FIELD.len()).position(|w| w == FIELD).and_then(|i| {
+        let rest = &body[i + FIELD.len()..];
+        let end = rest.iter().position(|&c| c == b'"')?;
+        let token = std::str::from_utf8(&rest[..end]).ok()?;
+        (!token.contains('\\')).then(|| token.to_string())
+    });
+    fast.or_else(|| {
+        serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["token"].as_str().map(str::to_string))
+    })
 }
 
 /// The clicks in arrival order: users (a `skew` share crowded onto the hot eighth of `buckets`),
@@ -182,14 +252,12 @@ pub async fn run(
     on_answer: impl Fn() + Send + Sync + 'static,
 ) -> Result<LoadReport, String> {
     let buckets = if cfg.target == Target::Purchase {
-        let mut c = Conn {
-            addr: cfg.addr,
-            io: None,
-        };
-        let (status, body) = c
+        let mut c = Conn::new(cfg.addr);
+        let status = c
             .request("GET", &format!("/api/v1/activities/{}", cfg.activity), "")
             .await
             .map_err(|e| format!("--url: cannot reach {}: {e}", cfg.addr))?;
+        let body = c.body;
         if status != 200 {
             return Err(format!(
                 "--activity: the server answered {status}: {}",
@@ -223,10 +291,10 @@ pub async fn run(
                 cfg.clone(),
             );
             tokio::spawn(async move {
-                let mut conn = Conn {
-                    addr: cfg.addr,
-                    io: None,
-                };
+                let mut conn = Conn::new(cfg.addr);
+                let token_path = format!("/api/v1/activities/{}/token", cfg.activity);
+                let purchase_path = format!("/api/v1/activities/{}/purchase", cfg.activity);
+                let mut out_body = String::with_capacity(256);
                 let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
                 let mut by_status: BTreeMap<u16, u64> = BTreeMap::new();
                 let mut refused: BTreeMap<u16, u64> = BTreeMap::new();
@@ -247,29 +315,25 @@ pub async fn run(
                             let t = tokio::time::Instant::now();
                             let r = conn.request("GET", "/healthz", "").await;
                             let _ = h.record(t.elapsed().as_micros().max(1) as u64);
-                            r.map(|(s, _)| Some(s))
+                            r.map(Some)
                         }
                         Target::Purchase => {
                             sent.fetch_add(1, Ordering::Relaxed);
-                            let path = format!("/api/v1/activities/{}/token", cfg.activity);
-                            match conn
-                                .request("POST", &path, &format!("{{\"user_id\":{user}}}"))
-                                .await
-                            {
-                                Ok((200, body)) => {
-                                    let token = serde_json::from_slice::<serde_json::Value>(&body)
-                                        .ok()
-                                        .and_then(|v| v["token"].as_str().map(str::to_string))
-                                        .unwrap_or_default();
+                            use std::fmt::Write;
+                            out_body.clear();
+                            let _ = write!(out_body, "{{\"user_id\":{user}}}");
+                            match conn.request("POST", &token_path, &out_body).await {
+                                Ok(200) => {
+                                    let token = token_of(&conn.body).unwrap_or_default();
                                     sent.fetch_add(1, Ordering::Relaxed);
-                                    let path = format!("/api/v1/activities/{}/purchase", cfg.activity);
-                                    let buy = format!("{{\"user_id\":{user},\"token\":\"{token}\"}}");
+                                    out_body.clear();
+                                    let _ = write!(out_body, "{{\"user_id\":{user},\"token\":\"{token}\"}}");
                                     let t = tokio::time::Instant::now();
-                                    let r = conn.request("POST", &path, &buy).await;
+                                    let r = conn.request("POST", &purchase_path, &out_body).await;
                                     let _ = h.record(t.elapsed().as_micros().max(1) as u64);
-                                    r.map(|(s, _)| Some(s))
+                                    r.map(Some)
                                 }
-                                Ok((status, _)) => {
+                                Ok(status) => {
                                     *refused.entry(status).or_default() += 1;
                                     Ok(None)
                                 }
@@ -330,6 +394,17 @@ mod tests {
         assert!(parse_url("https://127.0.0.1:1").is_err());
         assert!(parse_url("http://10.0.0.1:80").unwrap_err().contains("loopback"));
         assert!(parse_url("http://example.com:80").is_err());
+    }
+
+    #[test]
+    fn tokens_are_read_from_token_answers() {
+        assert_eq!(
+            token_of(br#"{"expires_at_ms":5,"token":"ab-_.cd"}"#).as_deref(),
+            Some("ab-_.cd")
+        );
+        // An escaped token (not ours, but valid JSON) goes through the parser.
+        assert_eq!(token_of(br#"{"token":"a\/b"}"#).as_deref(), Some("a/b"));
+        assert_eq!(token_of(br#"{"error":{"code":"sold_out"}}"#), None);
     }
 
     #[test]
