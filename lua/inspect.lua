@@ -1,6 +1,7 @@
 -- inspect.lua — read-only views for audit, invariants and order status. One bucket per call, so
 -- each view is atomic within its slot.
--- op "bucket": KEYS stock, buyers, resv, xfer of one bucket
+-- op "bucket": KEYS stock, buyers, resv, xfer of one bucket; ARGV[2] "summary" leaves the buyers
+--   out (the set grows with the sale; the jobs read every bucket every few seconds)
 --   -> {exists (0|1), stock, buyers[], resv (flat field/value list), xfer (flat field/value list)}
 -- op "meta":   KEYS[1] sk:{A}:meta          -> flat field/value list (empty when not warmed)
 -- op "buyer":  KEYS[1] sk:{A.b}:buyers  ARGV[2] user   -> 0 | 1
@@ -34,7 +35,11 @@ if op == "bucket" then
   if not stock then
     exists, stock = 0, 0
   end
-  return {exists, tonumber(stock), members(KEYS[2]), fields(KEYS[3]), fields(KEYS[4])}
+  local buyers = {}
+  if ARGV[2] ~= "summary" then
+    buyers = members(KEYS[2])
+  end
+  return {exists, tonumber(stock), buyers, fields(KEYS[3]), fields(KEYS[4])}
 elseif op == "meta" then
   return fields(KEYS[1])
 elseif op == "buyer" then

@@ -156,6 +156,10 @@ where
             v
         });
         assert!(b1.open.contains(&r), "the open entry round-trips: {:?}", b1.open);
+        // The summary is the snapshot without the buyer sets.
+        let mut without_buyers = view.clone();
+        without_buyers.buckets.iter_mut().for_each(|b| b.buyers.clear());
+        assert_eq!(c.summary(&plan).await.unwrap(), without_buyers);
         assert!(
             c.reserve(&plan, users[2], 0, rid(9), 0).await.is_err(),
             "qty 0 is refused"

@@ -216,6 +216,10 @@ pub trait StockCache: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = PortResult<()>> + Send;
 
     fn snapshot(&self, plan: &StockPlan) -> impl Future<Output = PortResult<CacheView>> + Send;
+
+    /// `snapshot` without the buyer sets (`buyers` left empty): what the jobs need every few
+    /// seconds, without reading a set that grows with the sale.
+    fn summary(&self, plan: &StockPlan) -> impl Future<Output = PortResult<CacheView>> + Send;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -163,6 +163,15 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         &self.conn
     }
 
+    async fn view(&self, plan: &StockPlan, buyers: bool) -> PortResult<CacheView> {
+        let meta = self.meta(plan.activity).await?;
+        let mut buckets = Vec::with_capacity(plan.units.len());
+        for b in plan.all_buckets() {
+            buckets.push(self.inspect_bucket(plan, b, buyers).await?);
+        }
+        Ok(CacheView { meta, buckets })
+    }
+
     /// EVALSHA, loading the script once on NOSCRIPT (it certainly did not run then).
     async fn run(
         &self,
@@ -249,15 +258,14 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         }
     }
 
-    async fn inspect_bucket(&self, plan: &StockPlan, b: BucketNo) -> PortResult<CacheBucket> {
+    async fn inspect_bucket(&self, plan: &StockPlan, b: BucketNo, buyers: bool) -> PortResult<CacheBucket> {
         const OP: &str = "snapshot";
+        let mut args = vec!["bucket".to_string()];
+        if !buyers {
+            args.push("summary".into());
+        }
         let reply = self
-            .run(
-                OP,
-                Script::Inspect,
-                bucket_keys(plan.activity, b),
-                vec!["bucket".into()],
-            )
+            .run(OP, Script::Inspect, bucket_keys(plan.activity, b), args)
             .await?;
         let Reply::Array(items) = &reply else {
             return Err(bad_reply(OP, &reply));
@@ -667,12 +675,11 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
     }
 
     async fn snapshot(&self, plan: &StockPlan) -> PortResult<CacheView> {
-        let meta = self.meta(plan.activity).await?;
-        let mut buckets = Vec::with_capacity(plan.units.len());
-        for b in plan.all_buckets() {
-            buckets.push(self.inspect_bucket(plan, b).await?);
-        }
-        Ok(CacheView { meta, buckets })
+        self.view(plan, true).await
+    }
+
+    async fn summary(&self, plan: &StockPlan) -> PortResult<CacheView> {
+        self.view(plan, false).await
     }
 }
 

@@ -40,7 +40,7 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
     now_ms: u64,
     cfg: &RebalanceConfig,
 ) -> PortResult<Vec<Transfer>> {
-    let view = cache.snapshot(plan).await?;
+    let view = cache.summary(plan).await?;
     let lost = view.buckets.iter().any(|b| b.stock.is_none());
     if lost || view.meta.as_ref().is_none_or(|m| m.state != ActivityState::Open) {
         return Ok(Vec::new());
