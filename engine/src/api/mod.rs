@@ -88,9 +88,24 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "error": { "code": self.code, "message": self.message, "field": self.field }
-        });
+        // Serialized from structs (no JSON map per answer): refusals are the hot path of a sale.
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            error: Inner<'a>,
+        }
+        #[derive(serde::Serialize)]
+        struct Inner<'a> {
+            code: &'a str,
+            message: &'a str,
+            field: Option<&'a str>,
+        }
+        let body = Body {
+            error: Inner {
+                code: self.code,
+                message: &self.message,
+                field: self.field.as_deref(),
+            },
+        };
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after_secs {
             resp.headers_mut()

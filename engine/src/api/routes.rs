@@ -20,6 +20,7 @@ use axum::{Json, Router};
 use rand::RngCore;
 use serde_json::{json, Value};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Every route (method, path) — the OpenAPI document must describe exactly these.
@@ -141,12 +142,12 @@ async fn within(timeout: Duration, req: Request, next: Next) -> Response {
 async fn observe(req: Request, next: Next) -> Response {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-    // Labels from the static route table: no allocation per request, bounded cardinality.
-    let route: &'static str = req
+    // Labels from the static route table: bounded cardinality.
+    let route_index = req
         .extensions()
         .get::<MatchedPath>()
-        .and_then(|p| ROUTES.iter().find(|(_, r)| *r == p.as_str()).map(|(_, r)| *r))
-        .unwrap_or("unmatched");
+        .and_then(|p| ROUTES.iter().position(|(_, r)| *r == p.as_str()));
+    let route: &'static str = route_index.map_or("unmatched", |i| ROUTES[i].1);
     let request_id = req
         .headers()
         .get("x-request-id")
@@ -159,23 +160,11 @@ async fn observe(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let mut resp = next.run(req).await;
     let status = resp.status();
-    let code: &'static str = match status.as_u16() {
-        200 => "200",
-        201 => "201",
-        202 => "202",
-        400 => "400",
-        401 => "401",
-        403 => "403",
-        404 => "404",
-        409 => "409",
-        410 => "410",
-        413 => "413",
-        425 => "425",
-        429 => "429",
-        503 => "503",
-        _ => "other",
-    };
-    metrics::counter!("seckill_http_requests_total", "route" => route, "status" => code).increment(1);
+    let status_index = STATUSES
+        .iter()
+        .position(|s| *s == status.as_u16())
+        .unwrap_or(STATUSES.len());
+    requests_counter(route_index.unwrap_or(ROUTES.len()), status_index).increment(1);
     if status.is_server_error() {
         tracing::warn!(request_id = %request_id, %method, route = %route, status = status.as_u16(), "request failed");
     } else {
@@ -185,6 +174,24 @@ async fn observe(req: Request, next: Next) -> Response {
         resp.headers_mut().insert("x-request-id", v);
     }
     resp
+}
+
+/// The statuses the API answers, as metric labels ("other" past the end).
+const STATUSES: [u16; 13] = [200, 201, 202, 400, 401, 403, 404, 409, 410, 413, 425, 429, 503];
+const STATUS_LABELS: [&str; 14] = [
+    "200", "201", "202", "400", "401", "403", "404", "409", "410", "413", "425", "429", "503", "other",
+];
+
+/// `seckill_http_requests_total` for (route, status), registered on first use and kept: the hot
+/// path increments a handle instead of looking the labels up in the registry every request.
+fn requests_counter(route: usize, status: usize) -> &'static metrics::Counter {
+    const ROUTE_SLOTS: usize = ROUTES.len() + 1;
+    static COUNTERS: [[OnceLock<metrics::Counter>; STATUS_LABELS.len()]; ROUTE_SLOTS] =
+        [const { [const { OnceLock::new() }; STATUS_LABELS.len()] }; ROUTE_SLOTS];
+    COUNTERS[route][status].get_or_init(|| {
+        let route = ROUTES.get(route).map_or("unmatched", |r| r.1);
+        metrics::counter!("seckill_http_requests_total", "route" => route, "status" => STATUS_LABELS[status])
+    })
 }
 
 /// The body as bytes; a body over the limit (or unreadable) is refused as JSON like every error.
@@ -331,7 +338,7 @@ async fn issue_token<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     Path(id): Path<String>,
     ClientIp(ip): ClientIp,
     RawBody(bytes): RawBody,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TokenAnswer>, ApiError> {
     let a = id_from(&id)?;
     let req = body::token_request(&bytes).map_err(ApiError::bad_input)?;
     let (activity, _) = known(&api, a)?;
@@ -341,7 +348,20 @@ async fn issue_token<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let (token, expires_at_ms) = api
         .signer
         .issue(a, UserId(req.user_id), api.clock.now_ms(), nonce);
-    Ok(Json(json!({ "token": token, "expires_at_ms": expires_at_ms })))
+    Ok(Json(TokenAnswer { token, expires_at_ms }))
+}
+
+// The two hot answers as structs: serialized directly, no JSON map built per request.
+#[derive(serde::Serialize)]
+struct TokenAnswer {
+    token: String,
+    expires_at_ms: u64,
+}
+
+#[derive(serde::Serialize)]
+struct Queued {
+    status: &'static str,
+    reservation_id: String,
 }
 
 async fn purchase<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
@@ -361,7 +381,10 @@ async fn purchase<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     match result {
         Ok(r) => (
             StatusCode::ACCEPTED,
-            Json(json!({ "status": "queued", "reservation_id": r.to_string() })),
+            Json(Queued {
+                status: "queued",
+                reservation_id: r.to_string(),
+            }),
         )
             .into_response(),
         Err(e) => e.into_response(),
