@@ -31,6 +31,24 @@ struct Shared {
     notify: Notify,
     capacity: usize,
     poll_wait: Duration,
+    fetch: Fetch,
+}
+
+/// Kafka's `fetch.min.bytes` / `fetch.max.wait.ms`, counted in records: a poll that finds fewer
+/// than `min_records` waits up to `max_wait` for more before it returns them. Without it a busy
+/// consumer is woken for every record and applies batches of one.
+#[derive(Debug, Clone, Copy)]
+pub struct Fetch {
+    pub min_records: usize,
+    pub max_wait: Duration,
+}
+
+impl Fetch {
+    /// Return whatever is there at once (Kafka's default `fetch.min.bytes=1`).
+    pub const IMMEDIATE: Fetch = Fetch {
+        min_records: 1,
+        max_wait: Duration::ZERO,
+    };
 }
 
 struct BusState {
@@ -83,6 +101,14 @@ impl EmbeddedBus {
         Self::with_poll_wait(partitions, capacity, POLL_WAIT)
     }
 
+    /// The same bus, its consumers fetching by `fetch`.
+    pub fn with_fetch(self, fetch: Fetch) -> EmbeddedBus {
+        let shared = Arc::into_inner(self.shared).expect("configured before it is shared");
+        EmbeddedBus {
+            shared: Arc::new(Shared { fetch, ..shared }),
+        }
+    }
+
     /// The same bus with another poll wait (tests use zero: an empty poll returns at once).
     pub fn with_poll_wait(partitions: u32, capacity: usize, poll_wait: Duration) -> EmbeddedBus {
         assert!(
@@ -109,6 +135,7 @@ impl EmbeddedBus {
                 notify: Notify::new(),
                 capacity,
                 poll_wait,
+                fetch: Fetch::IMMEDIATE,
             }),
         }
     }
@@ -225,6 +252,18 @@ impl EmbeddedConsumer {
         }
     }
 
+    /// Records waiting on our partitions.
+    fn available(&mut self) -> usize {
+        let bus = self.bus.clone();
+        let st = bus.lock();
+        self.sync_assignment(&st);
+        self.positions
+            .iter()
+            .zip(&st.partitions)
+            .filter_map(|(pos, log)| pos.map(|pos| (log.end() - pos.max(log.base)) as usize))
+            .sum()
+    }
+
     fn take(&mut self, max: usize) -> Vec<Delivery> {
         let bus = self.bus.clone();
         let st = bus.lock();
@@ -268,9 +307,16 @@ impl OrderSource for EmbeddedConsumer {
             let notified = shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let batch = self.take(max);
-            if !batch.is_empty() {
-                return Ok(batch);
+            let waiting = self.available();
+            if waiting >= shared.fetch.min_records.min(max)
+                || (waiting > 0 && shared.fetch.max_wait.is_zero())
+            {
+                return Ok(self.take(max));
+            }
+            if waiting > 0 {
+                // Not woken per record while the batch fills: one wait, then whatever is there.
+                tokio::time::sleep(shared.fetch.max_wait).await;
+                return Ok(self.take(max));
             }
             tokio::select! {
                 _ = &mut deadline => return Ok(Vec::new()),

@@ -5,7 +5,7 @@ mod bus;
 mod ledger;
 mod redis_model;
 
-pub use bus::{partition_of, DeadLetter, EmbeddedBus, EmbeddedConsumer};
+pub use bus::{partition_of, DeadLetter, EmbeddedBus, EmbeddedConsumer, Fetch};
 pub use ledger::EmbeddedLedger;
 pub use redis_model::{exec, Keyspace, RedisModel, Value};
 
@@ -159,6 +159,13 @@ pub const EMBEDDED_PARTITIONS: u32 = 6;
 /// Records that may wait uncommitted: a whole default sale's worth of queued orders, several times.
 pub const EMBEDDED_BUS_CAPACITY: usize = 100_000;
 
+/// How the embedded backend's consumers fetch: a batch waits up to 2 ms to fill (an order
+/// reaches the ledger that much later; the consumer applies dozens per transaction instead of one).
+pub const EMBEDDED_FETCH: Fetch = Fetch {
+    min_records: crate::service::consumer::DEFAULT_MAX_BATCH,
+    max_wait: std::time::Duration::from_millis(2),
+};
+
 /// All three embedded ports, wired to fresh stores.
 #[derive(Clone)]
 pub struct EmbeddedBackend {
@@ -177,7 +184,7 @@ impl EmbeddedBackend {
     pub fn new() -> Self {
         EmbeddedBackend {
             cache: ScriptedStockCache::new(EmbeddedRedis::new()),
-            bus: EmbeddedBus::new(EMBEDDED_PARTITIONS, EMBEDDED_BUS_CAPACITY),
+            bus: EmbeddedBus::new(EMBEDDED_PARTITIONS, EMBEDDED_BUS_CAPACITY).with_fetch(EMBEDDED_FETCH),
             ledger: EmbeddedLedger::new(),
         }
     }
