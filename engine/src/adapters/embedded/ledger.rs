@@ -11,7 +11,7 @@ use crate::ports::{
     ApplyOutcome, CancelOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow,
     OrderStatus, PayOutcome, PortError, PortResult, Transfer,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 #[derive(Clone, Default)]
@@ -28,6 +28,9 @@ struct LedgerState {
     orders: BTreeMap<ReservationId, OrderRow>,
     /// The UNIQUE(activity_id, user_id) index.
     by_user: BTreeMap<(ActivityId, UserId), ReservationId>,
+    /// The orders of each activity (MySQL: the index on activity_id): the jobs read one activity
+    /// every few seconds and must not pay for every other sale's orders.
+    by_activity: BTreeSet<(ActivityId, ReservationId)>,
     /// `stock_journal`, in insertion order, per activity.
     journal: BTreeMap<ActivityId, Vec<JournalEntry>>,
 }
@@ -80,11 +83,19 @@ impl LedgerState {
             },
         );
         self.by_user.insert((r.activity, r.user), r.id);
+        self.by_activity.insert((r.activity, r.id));
         outcome
     }
 }
 
 impl LedgerState {
+    /// One activity's orders, by reservation id.
+    fn orders_of(&self, activity: ActivityId) -> impl Iterator<Item = &OrderRow> {
+        self.by_activity
+            .range((activity, ReservationId(0))..=(activity, ReservationId(u128::MAX)))
+            .filter_map(|(_, id)| self.orders.get(id))
+    }
+
     /// Cancel a created order: status, stock back to its bucket, journal row.
     fn cancel_created(&mut self, id: ReservationId) -> Reservation {
         let order = self
@@ -113,9 +124,8 @@ impl Ledger for EmbeddedLedger {
             return Ok(Vec::new());
         };
         let due: Vec<ReservationId> = st
-            .orders
-            .values()
-            .filter(|o| o.reservation.activity == activity && o.status == OrderStatus::Created)
+            .orders_of(activity)
+            .filter(|o| o.status == OrderStatus::Created)
             .filter(|o| o.reservation.reserved_at_ms.saturating_add(timeout) <= now_ms)
             .map(|o| o.reservation.id)
             .collect();
@@ -247,12 +257,7 @@ impl Ledger for EmbeddedLedger {
                     remaining,
                 })
                 .collect(),
-            orders: st
-                .orders
-                .values()
-                .filter(|o| o.reservation.activity == activity)
-                .cloned()
-                .collect(),
+            orders: st.orders_of(activity).cloned().collect(),
             journal: st.journal.get(&activity).cloned().unwrap_or_default(),
         })
     }
