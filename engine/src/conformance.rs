@@ -543,6 +543,11 @@ where
         2,
         "stock_bucket rows: the bucket and the (empty) fallback"
     );
+    assert_eq!(
+        l.orders(a).await.unwrap(),
+        view.orders,
+        "orders(a) is the snapshot's orders"
+    );
     assert_eq!((view.buckets[0].initial, view.buckets[0].remaining), (3, 0));
     let status = |id| {
         view.orders

@@ -381,4 +381,8 @@ pub trait Ledger: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = PortResult<Option<OrderRow>>> + Send;
 
     fn snapshot(&self, activity: ActivityId) -> impl Future<Output = PortResult<LedgerView>> + Send;
+
+    /// The activity's orders (`snapshot(activity).orders`, in the same order) without the buckets
+    /// and the journal: what the reconciler reads every few seconds (the journal grows with the sale).
+    fn orders(&self, activity: ActivityId) -> impl Future<Output = PortResult<Vec<OrderRow>>> + Send;
 }

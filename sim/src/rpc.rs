@@ -126,6 +126,12 @@ pub struct Snapshot {
 }
 request!(Snapshot => Result<LedgerView, PortError>, 0x5e15);
 
+#[derive(Serialize, Deserialize)]
+pub struct Orders {
+    pub activity: ActivityId,
+}
+request!(Orders => Result<Vec<OrderRow>, PortError>, 0x5e16);
+
 // Kafka
 #[derive(Serialize, Deserialize)]
 pub struct Produce {

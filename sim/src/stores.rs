@@ -232,6 +232,11 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
         let l = l.clone();
         async move { l.order_of(req.activity, req.user).await }
     });
+    let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::Orders| {
+        let l = l.clone();
+        async move { l.orders(req.activity).await }
+    });
     let l = ledger;
     rpc::serve(&ep, move |req: rpc::Snapshot| {
         let l = l.clone();
@@ -312,6 +317,10 @@ impl Ledger for SimLedger {
 
     async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
         self.call("ledger snapshot", rpc::Snapshot { activity }).await
+    }
+
+    async fn orders(&self, activity: ActivityId) -> PortResult<Vec<OrderRow>> {
+        self.call("ledger orders", rpc::Orders { activity }).await
     }
 }
 

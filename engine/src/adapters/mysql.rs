@@ -579,6 +579,16 @@ impl Ledger for MysqlLedger {
         row.as_ref().map(order_of_row).transpose()
     }
 
+    async fn orders(&self, activity: ActivityId) -> PortResult<Vec<OrderRow>> {
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM seckill_order WHERE activity_id = ? ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(activity.0)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(determinate("ledger orders"))?;
+        rows.iter().map(order_of_row).collect()
+    }
+
     async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
         let op = "ledger snapshot";
         // One consistent read view for the three tables.

@@ -87,7 +87,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     // anything Redis shows closed is already in the later ledger read (no false difference).
     #[cfg(madsim)]
     let early_ledger = match crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
-        true => Some(ledger.snapshot(plan.activity).await?),
+        true => Some(ledger.orders(plan.activity).await?),
         false => None,
     };
     // The buyer sets are not needed here (the planted bug rebuilds buckets from them).
@@ -108,20 +108,38 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         report.skipped = true;
         return Ok(report);
     }
-    let db = ledger.snapshot(plan.activity).await?;
+    // The orders only: the journal and the bucket rows are not needed here.
+    let orders = ledger.orders(plan.activity).await?;
     #[cfg(madsim)]
-    let db = early_ledger.unwrap_or(db);
-    let orders: BTreeMap<ReservationId, &OrderRow> =
-        db.orders.iter().map(|o| (o.reservation.id, o)).collect();
-    let mut by_bucket: BTreeMap<BucketNo, Vec<&OrderRow>> = BTreeMap::new();
-    for o in &db.orders {
-        by_bucket.entry(o.reservation.bucket).or_default().push(o);
-    }
+    let orders = early_ledger.unwrap_or(orders);
     let open_anywhere: BTreeSet<ReservationId> = view
         .buckets
         .iter()
         .flat_map(|b| b.open.iter().map(|r| r.id))
         .collect();
+    // One pass over the orders (a finished sale has many; Redis has few open entries): which of
+    // the reservations Redis still mentions the ledger holds, units sold per bucket, and the
+    // cancelled orders.
+    let mentioned: BTreeSet<ReservationId> = view
+        .buckets
+        .iter()
+        .flat_map(|b| b.pending.iter().map(|p| p.reservation))
+        .chain(open_anywhere.iter().copied())
+        .collect();
+    let mut held: BTreeSet<ReservationId> = BTreeSet::new();
+    let mut sold_in: BTreeMap<BucketNo, i64> = BTreeMap::new();
+    let mut cancelled_in: BTreeMap<BucketNo, Vec<&OrderRow>> = BTreeMap::new();
+    for o in &orders {
+        let r = &o.reservation;
+        if mentioned.contains(&r.id) {
+            held.insert(r.id);
+        }
+        match o.status {
+            OrderStatus::Created | OrderStatus::Paid => *sold_in.entry(r.bucket).or_default() += r.qty as i64,
+            OrderStatus::Cancelled => cancelled_in.entry(r.bucket).or_default().push(o),
+            _ => {}
+        }
+    }
     let ok = |r: PortResult<bool>, count: &mut u64, failed: &mut u64| match r {
         Ok(true) => *count += 1,
         Ok(false) => {}
@@ -133,9 +151,9 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         let stock = b.stock.unwrap_or(0);
         let mut open_unordered = 0i64;
         for r in &b.open {
-            match orders.get(&r.id) {
-                Some(_) => ok(cache.settle(r).await, &mut report.settled, &mut report.failed),
-                None => {
+            match held.contains(&r.id) {
+                true => ok(cache.settle(r).await, &mut report.settled, &mut report.failed),
+                false => {
                     open_unordered += r.qty as i64;
                     if now_ms >= r.reserved_at_ms.saturating_add(cfg.republish_after_ms) {
                         #[cfg(madsim)]
@@ -158,7 +176,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             .iter()
             .filter(|p| now_ms >= p.since_ms.saturating_add(cfg.pending_after_ms))
         {
-            let keep = open_anywhere.contains(&p.reservation) || orders.contains_key(&p.reservation);
+            let keep = open_anywhere.contains(&p.reservation) || held.contains(&p.reservation);
             let count = if keep {
                 &mut report.pending_kept
             } else {
@@ -174,19 +192,15 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             ok(finished, &mut report.transfers_finished, &mut report.failed);
         }
         let released: BTreeSet<ReservationId> = b.cancelled_released.iter().copied().collect();
-        let mut sold = 0i64;
+        let sold = sold_in.get(&b.bucket).copied().unwrap_or(0);
         let mut cancel_in_flight = 0i64;
-        for o in by_bucket.get(&b.bucket).into_iter().flatten() {
-            let (r, qty) = (&o.reservation, o.reservation.qty as i64);
-            match o.status {
-                OrderStatus::Created | OrderStatus::Paid => sold += qty,
-                // Units the ledger took back but Redis has not yet: this pass gives them back.
-                OrderStatus::Cancelled if !released.contains(&r.id) && !open_anywhere.contains(&r.id) => {
-                    cancel_in_flight += qty;
-                    let released = cache.release(r, ReleaseKind::Cancelled).await;
-                    ok(released, &mut report.cancels_released, &mut report.failed);
-                }
-                _ => {}
+        for o in cancelled_in.get(&b.bucket).into_iter().flatten() {
+            let r = &o.reservation;
+            // Units the ledger took back but Redis has not yet: this pass gives them back.
+            if !released.contains(&r.id) && !open_anywhere.contains(&r.id) {
+                cancel_in_flight += r.qty as i64;
+                let released = cache.release(r, ReleaseKind::Cancelled).await;
+                ok(released, &mut report.cancels_released, &mut report.failed);
             }
         }
         let units = stock + open_unordered + sold + cancel_in_flight - b.transfers_in as i64
@@ -200,7 +214,12 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                 cancelled_released: b
                     .cancelled_released
                     .iter()
-                    .filter_map(|id| orders.get(id).map(|o| (*id, o.reservation.qty)))
+                    .filter_map(|id| {
+                        orders
+                            .iter()
+                            .find(|o| o.reservation.id == *id)
+                            .map(|o| (*id, o.reservation.qty))
+                    })
                     .collect(),
                 transfers_in: b.transfers_in,
                 transfers_out: b.transfers_out,

@@ -11,7 +11,7 @@ use crate::ports::{
     ApplyOutcome, CancelOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow,
     OrderStatus, PayOutcome, PortError, PortResult, Transfer,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 #[derive(Clone, Default)]
@@ -24,13 +24,13 @@ struct LedgerState {
     activities: BTreeMap<ActivityId, Activity>,
     /// `stock_bucket`: (initial, remaining).
     buckets: BTreeMap<(ActivityId, BucketNo), (u64, i64)>,
-    /// `seckill_order`, by its unique reservation id.
-    orders: BTreeMap<ReservationId, OrderRow>,
+    /// `seckill_order`, by activity then reservation id: one sale's orders are one range (the
+    /// jobs read an activity every few seconds and must not pay for every other sale's orders).
+    orders: BTreeMap<(ActivityId, ReservationId), OrderRow>,
+    /// The UNIQUE(reservation_id) index.
+    activity_of: BTreeMap<ReservationId, ActivityId>,
     /// The UNIQUE(activity_id, user_id) index.
     by_user: BTreeMap<(ActivityId, UserId), ReservationId>,
-    /// The orders of each activity (MySQL: the index on activity_id): the jobs read one activity
-    /// every few seconds and must not pay for every other sale's orders.
-    by_activity: BTreeSet<(ActivityId, ReservationId)>,
     /// `stock_journal`, in insertion order, per activity.
     journal: BTreeMap<ActivityId, Vec<JournalEntry>>,
 }
@@ -47,7 +47,7 @@ impl EmbeddedLedger {
 
 impl LedgerState {
     fn apply_one(&mut self, r: &Reservation) -> ApplyOutcome {
-        if self.orders.contains_key(&r.id) {
+        if self.activity_of.contains_key(&r.id) {
             return ApplyOutcome::Redelivered;
         }
         let existing = self.by_user.get(&(r.activity, r.user)).copied();
@@ -76,14 +76,14 @@ impl LedgerState {
             (OrderStatus::Failed, ApplyOutcome::OutOfStock)
         };
         self.orders.insert(
-            r.id,
+            (r.activity, r.id),
             OrderRow {
                 reservation: r.clone(),
                 status,
             },
         );
         self.by_user.insert((r.activity, r.user), r.id);
-        self.by_activity.insert((r.activity, r.id));
+        self.activity_of.insert(r.id, r.activity);
         outcome
     }
 }
@@ -91,17 +91,24 @@ impl LedgerState {
 impl LedgerState {
     /// One activity's orders, by reservation id.
     fn orders_of(&self, activity: ActivityId) -> impl Iterator<Item = &OrderRow> {
-        self.by_activity
+        self.orders
             .range((activity, ReservationId(0))..=(activity, ReservationId(u128::MAX)))
-            .filter_map(|(_, id)| self.orders.get(id))
+            .map(|(_, o)| o)
+    }
+
+    fn order_mut(&mut self, id: ReservationId) -> Option<&mut OrderRow> {
+        let activity = *self.activity_of.get(&id)?;
+        self.orders.get_mut(&(activity, id))
+    }
+
+    fn order(&self, id: ReservationId) -> Option<&OrderRow> {
+        let activity = *self.activity_of.get(&id)?;
+        self.orders.get(&(activity, id))
     }
 
     /// Cancel a created order: status, stock back to its bucket, journal row.
     fn cancel_created(&mut self, id: ReservationId) -> Reservation {
-        let order = self
-            .orders
-            .get_mut(&id)
-            .expect("the caller found a created order");
+        let order = self.order_mut(id).expect("the caller found a created order");
         order.status = OrderStatus::Cancelled;
         let r = order.reservation.clone();
         if let Some((_, remaining)) = self.buckets.get_mut(&(r.activity, r.bucket)) {
@@ -209,7 +216,7 @@ impl Ledger for EmbeddedLedger {
 
     async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
         let mut st = self.lock();
-        let Some(order) = st.orders.get_mut(&id) else {
+        let Some(order) = st.order_mut(id) else {
             return Ok(PayOutcome::NotFound);
         };
         Ok(match order.status {
@@ -224,7 +231,7 @@ impl Ledger for EmbeddedLedger {
 
     async fn cancel(&self, id: ReservationId) -> PortResult<CancelOutcome> {
         let mut st = self.lock();
-        Ok(match st.orders.get(&id).map(|o| o.status) {
+        Ok(match st.order(id).map(|o| o.status) {
             None => CancelOutcome::NotFound,
             Some(OrderStatus::Created) => CancelOutcome::Cancelled(st.cancel_created(id)),
             Some(OrderStatus::Cancelled) => CancelOutcome::AlreadyCancelled,
@@ -241,8 +248,12 @@ impl Ledger for EmbeddedLedger {
         Ok(st
             .by_user
             .get(&(activity, user))
-            .and_then(|id| st.orders.get(id))
+            .and_then(|id| st.order(*id))
             .cloned())
+    }
+
+    async fn orders(&self, activity: ActivityId) -> PortResult<Vec<OrderRow>> {
+        Ok(self.lock().orders_of(activity).cloned().collect())
     }
 
     async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
