@@ -130,7 +130,7 @@ request!(Snapshot => Result<LedgerView, PortError>, 0x5e15);
 pub struct Orders {
     pub activity: ActivityId,
 }
-request!(Orders => Result<Vec<OrderRow>, PortError>, 0x5e16);
+request!(Orders => Result<Vec<OrderRow>, PortError>, 0x5e1a);
 
 // Kafka
 #[derive(Serialize, Deserialize)]
@@ -195,3 +195,44 @@ pub struct PayOrder {
     pub id: ReservationId,
 }
 request!(PayOrder => Result<PayOutcome, String>, 0x5e33);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two request types with one id make the receiving node panic on a message type mismatch.
+    #[test]
+    fn request_ids_are_distinct() {
+        let ids = [
+            EvalSha::ID,
+            RunId::ID,
+            ScriptLoad::ID,
+            Install::ID,
+            Apply::ID,
+            CancelUnpaid::ID,
+            CancelOrder::ID,
+            ActivityOf::ID,
+            LedgerTransfer::ID,
+            Pay::ID,
+            OrderOf::ID,
+            Snapshot::ID,
+            Orders::ID,
+            Produce::ID,
+            Fetch::ID,
+            Commit::ID,
+            Committed::ID,
+            Lag::ID,
+            DeadLetter::ID,
+            Purchase::ID,
+            Status::ID,
+            PayOrder::ID,
+        ];
+        let distinct: std::collections::BTreeSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), ids.len(), "{ids:x?}");
+        // Every request type is listed above.
+        assert_eq!(
+            ids.len(),
+            include_str!("rpc.rs").matches(concat!("request", "!(")).count()
+        );
+    }
+}
