@@ -48,9 +48,23 @@ impl EmbeddedRedis {
         }
     }
 
-    fn shard(&self, key: &[u8]) -> &RedisModel {
-        let n = self.shards.len();
-        &self.shards[usize::from(key_slot(key)) * n / SLOTS]
+    fn shard_index(&self, key: &[u8]) -> usize {
+        usize::from(key_slot(key)) * self.shards.len() / SLOTS
+    }
+
+    /// The shard a script with `keys` runs on: its first key's, or the first shard without keys.
+    /// Keys in several slots are refused, as a cluster refuses them (ours never are).
+    fn script_shard<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<&RedisModel, Reply> {
+        let Some(first) = keys.first() else {
+            return Ok(&self.shards[0]);
+        };
+        let slot = key_slot(first.as_ref());
+        if self.shards.len() > 1 && keys.iter().any(|k| key_slot(k.as_ref()) != slot) {
+            return Err(Reply::Error(
+                "CROSSSLOT Keys in request don't hash to the same slot".into(),
+            ));
+        }
+        Ok(&self.shards[self.shard_index(first.as_ref())])
     }
 
     /// Run one command on the shard of its first key, as a cluster client routes it (EVAL and
@@ -60,16 +74,20 @@ impl EmbeddedRedis {
         let script = argv
             .first()
             .is_some_and(|n| n.eq_ignore_ascii_case(b"EVAL") || n.eq_ignore_ascii_case(b"EVALSHA"));
-        let key = if script {
-            match argv.get(2).map(Vec::as_slice) {
-                Some(b"0") => return self.shards[0].command(argv),
-                _ => argv.get(3),
-            }
-        } else {
-            argv.get(1)
-        };
-        match key {
-            Some(key) => self.shard(key).command(argv),
+        if script {
+            // EVAL script numkeys key… arg…: a bad numkeys is the model's to refuse.
+            let numkeys = argv
+                .get(2)
+                .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
+                .unwrap_or(0);
+            let keys = argv.get(3..3 + numkeys).unwrap_or_default();
+            return match self.script_shard(keys) {
+                Ok(shard) => shard.command(argv),
+                Err(e) => e,
+            };
+        }
+        match argv.get(1) {
+            Some(key) => self.shards[self.shard_index(key)].command(argv),
             None => Reply::Error("ERR the embedded cluster routes commands by their first key".into()),
         }
     }
@@ -82,9 +100,8 @@ impl EmbeddedRedis {
     /// Every shard restarts and reloads its part of `keyspace` (an AOF/RDB image).
     pub fn restore(&self, keyspace: Keyspace) {
         let mut parts: Vec<Keyspace> = vec![Keyspace::new(); self.shards.len()];
-        let n = self.shards.len();
         for (k, v) in keyspace {
-            parts[usize::from(key_slot(&k)) * n / SLOTS].insert(k, v);
+            parts[self.shard_index(&k)].insert(k, v);
         }
         for (m, part) in self.shards.iter().zip(parts) {
             m.restore(part);
@@ -125,11 +142,10 @@ pub fn key_slot(key: &[u8]) -> u16 {
 
 impl ScriptConn for EmbeddedRedis {
     async fn eval_sha(&self, sha: &str, keys: &[String], args: &[String]) -> PortResult<Reply> {
-        // A keyless script runs on the first shard (ours all take keys).
-        let shard = keys
-            .first()
-            .map_or(&*self.shards[0], |k| self.shard(k.as_bytes()));
-        Ok(shard.eval_sha(sha, keys, args))
+        Ok(match self.script_shard(keys) {
+            Ok(shard) => shard.eval_sha(sha, keys, args),
+            Err(e) => e,
+        })
     }
 
     /// The shards' run ids, like a cluster's masters': any restart changes it.
