@@ -34,9 +34,10 @@ struct Shared {
     fetch: Fetch,
 }
 
-/// Kafka's `fetch.min.bytes` / `fetch.max.wait.ms`, counted in records: a poll that finds fewer
-/// than `min_records` waits up to `max_wait` for more before it returns them. Without it a busy
-/// consumer is woken for every record and applies batches of one.
+/// Kafka's `fetch.min.bytes` / `fetch.max.wait.ms`, counted in records: a poll that finds some
+/// records but fewer than `min_records` sleeps `max_wait` once (it is not woken per record) and
+/// returns what is there then. Without it a busy consumer is woken for every record and applies
+/// batches of one.
 #[derive(Debug, Clone, Copy)]
 pub struct Fetch {
     pub min_records: usize,
