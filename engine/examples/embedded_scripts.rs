@@ -27,7 +27,11 @@ fn main() -> Result<(), String> {
         let mut reserved = Vec::with_capacity(n as usize);
         let started = Instant::now();
         for u in 1..=n {
-            match backend.cache.reserve(&plan, UserId(u), 1, ReservationId(u.into()), 1).await {
+            match backend
+                .cache
+                .reserve(&plan, UserId(u), 1, ReservationId(u.into()), 1)
+                .await
+            {
                 Ok(ReserveOutcome::Reserved(r)) => reserved.push(r),
                 other => return Err(format!("user {u}: {other:?}")),
             }
@@ -38,7 +42,9 @@ fn main() -> Result<(), String> {
             backend.cache.settle(r).await.map_err(|e| e.to_string())?;
         }
         let per_settle = started.elapsed().as_secs_f64() * 1e6 / n as f64;
-        println!("embedded model, {n} purchases: reserve.lua {per_reserve:.2} µs, settle.lua {per_settle:.2} µs");
+        println!(
+            "embedded model, {n} purchases: reserve.lua {per_reserve:.2} µs, settle.lua {per_settle:.2} µs"
+        );
         Ok(())
     })
 }
