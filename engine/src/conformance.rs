@@ -13,7 +13,7 @@ use crate::domain::{
 };
 use crate::ports::{
     ApplyOutcome, BucketImage, CancelOutcome, JournalKind, Ledger, OrderBus, OrderSource, OrderStatus,
-    PayOutcome, ReleaseKind, ReserveOutcome, StockCache, Transfer,
+    PayOutcome, ReconcileView, ReleaseKind, ReserveOutcome, StockCache, Transfer,
 };
 use std::future::Future;
 
@@ -543,10 +543,11 @@ where
         2,
         "stock_bucket rows: the bucket and the (empty) fallback"
     );
+    // The reconciler's read agrees with the snapshot: created and failed orders here.
+    let mentioned = [rid(4), rid(5), rid(999)].into_iter().collect();
     assert_eq!(
-        l.orders(a).await.unwrap(),
-        view.orders,
-        "orders(a) is the snapshot's orders"
+        l.reconcile_view(a, &mentioned).await.unwrap(),
+        ReconcileView::of(&view.orders, &mentioned)
     );
     assert_eq!((view.buckets[0].initial, view.buckets[0].remaining), (3, 0));
     let status = |id| {
@@ -629,6 +630,11 @@ where
         view.buckets[0].remaining, 1,
         "the cancelled unit is back in the ledger"
     );
+    // ... and with a cancelled and a paid order.
+    let mentioned = [unpaid.id, paid.id].into_iter().collect();
+    let rv = l.reconcile_view(act.id(), &mentioned).await.unwrap();
+    assert_eq!(rv, ReconcileView::of(&view.orders, &mentioned));
+    assert_eq!((rv.cancelled, rv.held.len()), (vec![unpaid.clone()], 2));
     assert!(view
         .journal
         .iter()

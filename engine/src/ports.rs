@@ -12,6 +12,7 @@ use crate::domain::{
     Activity, ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
 pub use seckill_invariants::OrderStatus;
@@ -382,7 +383,48 @@ pub trait Ledger: Clone + Send + Sync + 'static {
 
     fn snapshot(&self, activity: ActivityId) -> impl Future<Output = PortResult<LedgerView>> + Send;
 
-    /// The activity's orders (`snapshot(activity).orders`, in the same order) without the buckets
-    /// and the journal: what the reconciler reads every few seconds (the journal grows with the sale).
-    fn orders(&self, activity: ActivityId) -> impl Future<Output = PortResult<Vec<OrderRow>>> + Send;
+    /// What the reconciler needs of the activity, read at one point in time (one transaction):
+    /// `ReconcileView::of(snapshot(activity).orders, mentioned)` — aggregates and the few rows it
+    /// acts on, not every order of the sale every few seconds.
+    fn reconcile_view(
+        &self,
+        activity: ActivityId,
+        mentioned: &BTreeSet<ReservationId>,
+    ) -> impl Future<Output = PortResult<ReconcileView>> + Send;
+}
+
+/// The ledger as the reconciler reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ReconcileView {
+    /// Units held by created or paid orders, per bucket (buckets without any are absent).
+    pub sold: BTreeMap<BucketNo, u64>,
+    /// The cancelled orders, by reservation id.
+    pub cancelled: Vec<Reservation>,
+    /// Which of the reservations asked about have an order, in any status.
+    pub held: BTreeSet<ReservationId>,
+}
+
+impl ReconcileView {
+    /// The view of a set of orders (the definition every ledger must agree with).
+    pub fn of<'a>(
+        orders: impl IntoIterator<Item = &'a OrderRow>,
+        mentioned: &BTreeSet<ReservationId>,
+    ) -> Self {
+        let mut view = ReconcileView::default();
+        for o in orders {
+            let r = &o.reservation;
+            if mentioned.contains(&r.id) {
+                view.held.insert(r.id);
+            }
+            match o.status {
+                OrderStatus::Created | OrderStatus::Paid => {
+                    *view.sold.entry(r.bucket).or_default() += u64::from(r.qty)
+                }
+                OrderStatus::Cancelled => view.cancelled.push(r.clone()),
+                OrderStatus::Failed => {}
+            }
+        }
+        view.cancelled.sort_by_key(|r| r.id);
+        view
+    }
 }

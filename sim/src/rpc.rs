@@ -5,9 +5,12 @@ use madsim::net::rpc::Request;
 use madsim::net::Endpoint;
 use seckill_engine::adapters::script::Reply;
 use seckill_engine::domain::{ActivityId, ActivitySpec, Reservation, ReservationId, UserId};
-use seckill_engine::ports::{ApplyOutcome, Delivery, LedgerView, OrderRow, PayOutcome, PortError};
+use seckill_engine::ports::{
+    ApplyOutcome, Delivery, LedgerView, OrderRow, PayOutcome, PortError, ReconcileView,
+};
 use seckill_engine::service::{PurchaseOutcome, StatusView};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
 
@@ -127,10 +130,11 @@ pub struct Snapshot {
 request!(Snapshot => Result<LedgerView, PortError>, 0x5e15);
 
 #[derive(Serialize, Deserialize)]
-pub struct Orders {
+pub struct ReconcileRead {
     pub activity: ActivityId,
+    pub mentioned: BTreeSet<ReservationId>,
 }
-request!(Orders => Result<Vec<OrderRow>, PortError>, 0x5e1a);
+request!(ReconcileRead => Result<ReconcileView, PortError>, 0x5e1a);
 
 // Kafka
 #[derive(Serialize, Deserialize)]
@@ -216,7 +220,7 @@ mod tests {
             Pay::ID,
             OrderOf::ID,
             Snapshot::ID,
-            Orders::ID,
+            ReconcileRead::ID,
             Produce::ID,
             Fetch::ID,
             Commit::ID,

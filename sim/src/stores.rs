@@ -14,9 +14,9 @@ use seckill_engine::adapters::script::{Reply, ScriptConn};
 use seckill_engine::domain::{Activity, ActivityId, Reservation, ReservationId, StockPlan, UserId};
 use seckill_engine::ports::{
     ApplyOutcome, Delivery, Ledger, LedgerView, OrderBus, OrderRow, OrderSource, PayOutcome, PortError,
-    PortResult,
+    PortResult, ReconcileView,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -233,9 +233,9 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
         async move { l.order_of(req.activity, req.user).await }
     });
     let l = ledger.clone();
-    rpc::serve(&ep, move |req: rpc::Orders| {
+    rpc::serve(&ep, move |req: rpc::ReconcileRead| {
         let l = l.clone();
-        async move { l.orders(req.activity).await }
+        async move { l.reconcile_view(req.activity, &req.mentioned).await }
     });
     let l = ledger;
     rpc::serve(&ep, move |req: rpc::Snapshot| {
@@ -319,8 +319,14 @@ impl Ledger for SimLedger {
         self.call("ledger snapshot", rpc::Snapshot { activity }).await
     }
 
-    async fn orders(&self, activity: ActivityId) -> PortResult<Vec<OrderRow>> {
-        self.call("ledger orders", rpc::Orders { activity }).await
+    async fn reconcile_view(
+        &self,
+        activity: ActivityId,
+        mentioned: &BTreeSet<ReservationId>,
+    ) -> PortResult<ReconcileView> {
+        let mentioned = mentioned.clone();
+        self.call("reconcile view", rpc::ReconcileRead { activity, mentioned })
+            .await
     }
 }
 

@@ -15,10 +15,11 @@ use crate::domain::{
 };
 use crate::ports::{
     ApplyOutcome, CancelOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow,
-    OrderStatus, PayOutcome, PortError, PortResult, Transfer,
+    OrderStatus, PayOutcome, PortError, PortResult, ReconcileView, Transfer,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, Row, Transaction};
+use std::collections::BTreeSet;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -579,14 +580,67 @@ impl Ledger for MysqlLedger {
         row.as_ref().map(order_of_row).transpose()
     }
 
-    async fn orders(&self, activity: ActivityId) -> PortResult<Vec<OrderRow>> {
-        let sql = format!("SELECT {ORDER_COLUMNS} FROM seckill_order WHERE activity_id = ? ORDER BY id");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+    async fn reconcile_view(
+        &self,
+        activity: ActivityId,
+        mentioned: &BTreeSet<ReservationId>,
+    ) -> PortResult<ReconcileView> {
+        let op = "reconcile view";
+        let get = |e: sqlx::Error| PortError::determinate(op, e.to_string());
+        // One consistent read view (InnoDB REPEATABLE READ) for the three reads.
+        let mut tx = self.pool.begin().await.map_err(determinate(op))?;
+        let sold = sqlx::query(
+            "SELECT bucket_no, CAST(SUM(qty) AS UNSIGNED) AS sold FROM seckill_order \
+             WHERE activity_id = ? AND status IN ('created', 'paid') GROUP BY bucket_no",
+        )
+        .bind(activity.0)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(determinate(op))?;
+        let sql = format!(
+            "SELECT {ORDER_COLUMNS} FROM seckill_order WHERE activity_id = ? AND status = 'cancelled'"
+        );
+        let cancelled = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(activity.0)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(determinate("ledger orders"))?;
-        rows.iter().map(order_of_row).collect()
+            .map_err(determinate(op))?;
+        let ids: Vec<ReservationId> = mentioned.iter().copied().collect();
+        let mut held = BTreeSet::new();
+        // Bounded statements: at most this many ids per IN list.
+        for chunk in ids.chunks(500) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let sql = format!(
+                "SELECT reservation_id FROM seckill_order WHERE activity_id = ? AND reservation_id IN ({marks})"
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(activity.0);
+            for id in chunk {
+                q = q.bind(id.to_string());
+            }
+            for row in q.fetch_all(&mut *tx).await.map_err(determinate(op))? {
+                let id: String = row.try_get("reservation_id").map_err(get)?;
+                held.insert(ReservationId::from_str(&id).map_err(|e| PortError::determinate(op, e))?);
+            }
+        }
+        drop(tx);
+        let mut cancelled = cancelled
+            .iter()
+            .map(|row| order_of_row(row).map(|o| o.reservation))
+            .collect::<PortResult<Vec<_>>>()?;
+        cancelled.sort_by_key(|r| r.id);
+        Ok(ReconcileView {
+            sold: sold
+                .iter()
+                .map(|row| {
+                    Ok((
+                        BucketNo(row.try_get("bucket_no").map_err(get)?),
+                        row.try_get::<u64, _>("sold").map_err(get)?,
+                    ))
+                })
+                .collect::<PortResult<_>>()?,
+            cancelled,
+            held,
+        })
     }
 
     async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {

@@ -13,8 +13,8 @@
 //! It leaves an activity alone while Redis has lost it (no meta or missing stock keys) or it is
 //! recovering: that is the recovery job's.
 
-use crate::domain::{ActivityId, ActivityState, BucketNo, ReservationId, StockPlan};
-use crate::ports::{Ledger, OrderBus, OrderRow, OrderStatus, PortResult, ReleaseKind, StockCache};
+use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan};
+use crate::ports::{Ledger, OrderBus, PortResult, ReleaseKind, StockCache};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -87,7 +87,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     // anything Redis shows closed is already in the later ledger read (no false difference).
     #[cfg(madsim)]
     let early_ledger = match crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
-        true => Some(ledger.orders(plan.activity).await?),
+        true => Some(ledger.snapshot(plan.activity).await?),
         false => None,
     };
     // The buyer sets are not needed here (the planted bug rebuilds buckets from them).
@@ -108,37 +108,29 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         report.skipped = true;
         return Ok(report);
     }
-    // The orders only: the journal and the bucket rows are not needed here.
-    let orders = ledger.orders(plan.activity).await?;
-    #[cfg(madsim)]
-    let orders = early_ledger.unwrap_or(orders);
     let open_anywhere: BTreeSet<ReservationId> = view
         .buckets
         .iter()
         .flat_map(|b| b.open.iter().map(|r| r.id))
         .collect();
-    // One pass over the orders (a finished sale has many; Redis has few open entries): which of
-    // the reservations Redis still mentions the ledger holds, units sold per bucket, and the
-    // cancelled orders.
+    // Of the ledger, only what this pass acts on (a finished sale has many orders; Redis still
+    // mentions few): units sold per bucket, the cancelled orders, and which of the reservations
+    // Redis shows open or pending the ledger holds.
     let mentioned: BTreeSet<ReservationId> = view
         .buckets
         .iter()
         .flat_map(|b| b.pending.iter().map(|p| p.reservation))
         .chain(open_anywhere.iter().copied())
         .collect();
-    let mut held: BTreeSet<ReservationId> = BTreeSet::new();
-    let mut sold_in: BTreeMap<BucketNo, i64> = BTreeMap::new();
-    let mut cancelled_in: BTreeMap<BucketNo, Vec<&OrderRow>> = BTreeMap::new();
-    for o in &orders {
-        let r = &o.reservation;
-        if mentioned.contains(&r.id) {
-            held.insert(r.id);
-        }
-        match o.status {
-            OrderStatus::Created | OrderStatus::Paid => *sold_in.entry(r.bucket).or_default() += r.qty as i64,
-            OrderStatus::Cancelled => cancelled_in.entry(r.bucket).or_default().push(o),
-            _ => {}
-        }
+    let db = ledger.reconcile_view(plan.activity, &mentioned).await?;
+    #[cfg(madsim)]
+    let db = early_ledger.map_or(db, |early| {
+        crate::ports::ReconcileView::of(&early.orders, &mentioned)
+    });
+    let held = &db.held;
+    let mut cancelled_in: BTreeMap<BucketNo, Vec<&Reservation>> = BTreeMap::new();
+    for r in &db.cancelled {
+        cancelled_in.entry(r.bucket).or_default().push(r);
     }
     let ok = |r: PortResult<bool>, count: &mut u64, failed: &mut u64| match r {
         Ok(true) => *count += 1,
@@ -192,10 +184,9 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             ok(finished, &mut report.transfers_finished, &mut report.failed);
         }
         let released: BTreeSet<ReservationId> = b.cancelled_released.iter().copied().collect();
-        let sold = sold_in.get(&b.bucket).copied().unwrap_or(0);
+        let sold = db.sold.get(&b.bucket).copied().unwrap_or(0) as i64;
         let mut cancel_in_flight = 0i64;
-        for o in cancelled_in.get(&b.bucket).into_iter().flatten() {
-            let r = &o.reservation;
+        for r in cancelled_in.get(&b.bucket).into_iter().flatten() {
             // Units the ledger took back but Redis has not yet: this pass gives them back.
             if !released.contains(&r.id) && !open_anywhere.contains(&r.id) {
                 cancel_in_flight += r.qty as i64;
@@ -214,12 +205,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                 cancelled_released: b
                     .cancelled_released
                     .iter()
-                    .filter_map(|id| {
-                        orders
-                            .iter()
-                            .find(|o| o.reservation.id == *id)
-                            .map(|o| (*id, o.reservation.qty))
-                    })
+                    .filter_map(|id| db.cancelled.iter().find(|r| r.id == *id).map(|r| (*id, r.qty)))
                     .collect(),
                 transfers_in: b.transfers_in,
                 transfers_out: b.transfers_out,

@@ -9,9 +9,9 @@
 use crate::domain::{Activity, ActivityId, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
     ApplyOutcome, CancelOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow,
-    OrderStatus, PayOutcome, PortError, PortResult, Transfer,
+    OrderStatus, PayOutcome, PortError, PortResult, ReconcileView, Transfer,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 #[derive(Clone, Default)]
@@ -252,8 +252,12 @@ impl Ledger for EmbeddedLedger {
             .cloned())
     }
 
-    async fn orders(&self, activity: ActivityId) -> PortResult<Vec<OrderRow>> {
-        Ok(self.lock().orders_of(activity).cloned().collect())
+    async fn reconcile_view(
+        &self,
+        activity: ActivityId,
+        mentioned: &BTreeSet<ReservationId>,
+    ) -> PortResult<ReconcileView> {
+        Ok(ReconcileView::of(self.lock().orders_of(activity), mentioned))
     }
 
     async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
