@@ -86,13 +86,15 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     // Redis first, then the ledger: the consumer writes the ledger before it settles Redis, so
     // anything Redis shows closed is already in the later ledger read (no false difference).
     #[cfg(madsim)]
-    let early_ledger = match crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
+    let resets_stock = crate::planted::on(crate::planted::Bug::ReconcilerResetsStock);
+    #[cfg(madsim)]
+    let early_ledger = match resets_stock {
         true => Some(ledger.snapshot(plan.activity).await?),
         false => None,
     };
     // The buyer sets are not needed here (the planted bug rebuilds buckets from them).
     #[cfg(madsim)]
-    let view = match crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
+    let view = match resets_stock {
         true => cache.snapshot(plan).await?,
         false => cache.summary(plan).await?,
     };
