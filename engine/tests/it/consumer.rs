@@ -6,7 +6,7 @@ use seckill_engine::domain::{Reservation, UserId};
 use seckill_engine::ports::{Ledger, OrderBus, OrderSource, OrderStatus};
 use seckill_engine::service::{OrderConsumer, PurchaseOutcome};
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn malformed_messages_go_to_the_dead_letters_and_do_not_block() {
     let rig = rig(4, 1, 0, 1_500).await;
     rig.bus
@@ -32,7 +32,7 @@ async fn malformed_messages_go_to_the_dead_letters_and_do_not_block() {
     assert_eq!(rig.bus.inner.backlog(), 0, "both committed");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_second_reservation_of_one_user_is_released_to_its_bucket() {
     let rig = rig(4, 1, 0, 1_500).await;
     let u = UserId(3);
@@ -60,7 +60,7 @@ async fn a_second_reservation_of_one_user_is_released_to_its_bucket() {
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_crash_between_apply_and_commit_redelivers_without_double_counting() {
     let rig = rig(10, 2, 0, 1_500).await;
     for u in 1..=6 {

@@ -38,7 +38,7 @@ fn recovery() -> RecoveryConfig {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn reconciler_settles_what_the_ledger_holds_and_republishes_what_it_lacks() {
     let rig = rig(10, 2, 0, 1_500).await;
     // u1's publish is lost on the way: queued, open in Redis, nowhere on the bus.
@@ -82,7 +82,7 @@ async fn reconciler_settles_what_the_ledger_holds_and_republishes_what_it_lacks(
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stale_pending_mark_is_cleared_and_a_winning_one_kept() {
     let rig = rig(10, 1, 20, 1_500).await; // bucket 0: 8, fallback: 2
     let own = BucketNo(0);
@@ -120,7 +120,7 @@ async fn a_stale_pending_mark_is_cleared_and_a_winning_one_kept() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn payment_timeout_cancels_once_and_gives_the_unit_back_to_its_bucket() {
     let rig = rig(10, 2, 0, 1_500).await;
     let PurchaseOutcome::Queued(r) = rig.buy(UserId(1)).await else {
@@ -165,7 +165,7 @@ async fn payment_timeout_cancels_once_and_gives_the_unit_back_to_its_bucket() {
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_reconciler_gives_back_a_cancel_whose_release_was_lost() {
     let rig = rig(10, 1, 0, 1_500).await;
     rig.buy(UserId(1)).await;
@@ -191,7 +191,7 @@ async fn the_reconciler_gives_back_a_cancel_whose_release_was_lost() {
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_unexplained_difference_is_reported_never_fixed() {
     let rig = rig(10, 2, 0, 1_500).await;
     redis(&rig, &["INCRBY", &stock_key(A, BucketNo(1)), "5"]);
@@ -204,7 +204,7 @@ async fn an_unexplained_difference_is_reported_never_fixed() {
     assert_eq!(rig.stocks().await[1], Some(10), "stock left as it was");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn recovery_rebuilds_redis_after_it_lost_everything() {
     let rig = rig(10, 2, 0, 1_500).await;
     for u in 1..=3 {
@@ -248,7 +248,7 @@ async fn recovery_rebuilds_redis_after_it_lost_everything() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn recovery_repairs_stale_stock_after_an_aof_window_loss() {
     let rig = rig(10, 1, 0, 1_500).await;
     rig.buy(UserId(1)).await;
@@ -278,7 +278,7 @@ async fn recovery_repairs_stale_stock_after_an_aof_window_loss() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_rebalancer_moves_half_of_a_rich_bucket_into_a_drained_one() {
     use seckill_engine::conformance::users_in;
     use seckill_engine::jobs::{rebalance, RebalanceConfig};
@@ -321,7 +321,7 @@ async fn the_rebalancer_moves_half_of_a_rich_bucket_into_a_drained_one() {
     assert!(matches!(rig.buy(more[11]).await, PurchaseOutcome::Queued(r) if r.bucket == BucketNo(0)));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_transfer_cut_after_its_take_is_finished_by_the_reconciler_once() {
     use seckill_engine::ports::Transfer;
     let rig = rig(20, 2, 0, 1_500).await;

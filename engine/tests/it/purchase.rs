@@ -23,7 +23,8 @@ pub struct Rig {
 
 pub const A: ActivityId = ActivityId(1);
 
-/// An activity of `stock` units (window 1_000..2_000 ms) and a clock reading `now_ms`.
+/// An activity of `stock` units (window 1_000..2_000 ms) and a clock reading `now_ms` — which
+/// stays there only on paused time: the rig tests run with `start_paused`.
 pub async fn rig(stock: u64, buckets: u32, pct: u8, now_ms: u64) -> Rig {
     let spec = {
         let mut s = activity(A.0, stock, buckets, pct).spec().clone();
@@ -102,7 +103,7 @@ impl Rig {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn queued_becomes_created_then_paid() {
     let rig = rig(10, 2, 0, 1_500).await;
     let u = UserId(42);
@@ -121,7 +122,7 @@ async fn queued_becomes_created_then_paid() {
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn window_and_bad_input_move_no_stock() {
     let early = rig(10, 2, 0, 999).await;
     let before = early.stocks().await;
@@ -158,7 +159,7 @@ async fn window_and_bad_input_move_no_stock() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn sold_out_is_answered_from_memory() {
     let rig = rig(2, 1, 0, 1_500).await;
     let users = users_in(&rig.plan, BucketNo(0), 5);
@@ -175,7 +176,7 @@ async fn sold_out_is_answered_from_memory() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn fallback_serves_an_empty_bucket() {
     let rig = rig(10, 1, 20, 1_500).await; // bucket 0: 8, fallback: 2
     let users = users_in(&rig.plan, BucketNo(0), 11);
@@ -191,7 +192,7 @@ async fn fallback_serves_an_empty_bucket() {
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn determinate_publish_failure_gives_the_unit_back_and_allows_a_retry() {
     let rig = rig(4, 1, 0, 1_500).await;
     let before = rig.stocks().await;
@@ -207,7 +208,7 @@ async fn determinate_publish_failure_gives_the_unit_back_and_allows_a_retry() {
     assert!(matches!(rig.buy(UserId(5)).await, PurchaseOutcome::Queued(_)));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn indeterminate_publish_answers_queued_and_keeps_the_reservation() {
     let rig = rig(4, 1, 0, 1_500).await;
     rig.bus.knob.set(Mode::FailAfter);
@@ -221,7 +222,7 @@ async fn indeterminate_publish_answers_queued_and_keeps_the_reservation() {
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn redis_down_is_a_fast_unavailable_and_moves_nothing() {
     let rig = rig(4, 1, 0, 1_500).await;
     let before = rig.stocks().await;
@@ -236,7 +237,7 @@ async fn redis_down_is_a_fast_unavailable_and_moves_nothing() {
     assert_eq!(rig.bus.inner.backlog(), 0, "nothing published");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn unknown_reserve_outcome_is_unavailable_but_accounted() {
     let rig = rig(4, 1, 0, 1_500).await;
     assert!(
