@@ -26,6 +26,10 @@ use tokio::sync::watch;
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// How often the jobs run over every activity open here.
 const JOBS_EVERY: Duration = Duration::from_secs(2);
+/// How often the recorder folds recorded histogram samples into its summaries. Until then it
+/// keeps every sample (8 bytes each, three per purchase); `/metrics` folds them too, but a
+/// server nobody scrapes would grow without bound — `install_recorder` leaves upkeep to us.
+const METRICS_UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 fn recovery() -> RecoveryConfig {
     RecoveryConfig {
@@ -176,6 +180,17 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     });
     let consumer_stop = Arc::new(AtomicBool::new(false));
     let mut background = Vec::new();
+    if let Some(handle) = api.metrics.clone() {
+        let mut stopped = stop.subscribe();
+        background.push(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(METRICS_UPKEEP_EVERY) => handle.run_upkeep(),
+                    _ = stopped.wait_for(|s| *s) => return,
+                }
+            }
+        }));
+    }
     if run_consumer {
         let source = api
             .bus
