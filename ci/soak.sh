@@ -46,8 +46,9 @@ if [ -n "$planted" ]; then
     "'$bin' sweep --planted {} --from $from --seeds $seeds ${shape[*]:-} --failures-dir '$out/caught' > '$out/planted-{}.jsonl' 2>/dev/null || true"
   cat "$out"/planted-*.jsonl | "$bin" summarize --planted || status=$?
 else
-  # Sweeps of at most $chunk seeds per process, $jobs at a time: a sweep process keeps a few MB
-  # per run it has simulated, so a long sweep in one process would run out of memory.
+  # Sweeps of at most $chunk seeds per process, $jobs at a time: the chunks spread the seeds over
+  # the jobs, and a process that dies loses only its chunk. (A sweep process used to keep a few
+  # MB per run — tasks left pending when a madsim runtime dropped — until the world tore itself down.)
   chunk=${SOAK_CHUNK:-50}
   for ((start = from; start < from + seeds; start += chunk)); do
     n=$(( from + seeds - start )); [ "$n" -gt "$chunk" ] && n=$chunk

@@ -44,6 +44,33 @@ pub enum Persistence {
     Aof { window: Duration },
 }
 
+thread_local! {
+    /// Stores alive on this thread (a simulation runs on the thread that blocks on it). A
+    /// finished run leaves none: the tasks holding them went with its runtime (`World::tear_down`).
+    static LIVE_STORES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many Redis and Kafka stores built on this thread are still alive.
+pub fn live_stores() -> usize {
+    LIVE_STORES.with(|n| n.get())
+}
+
+/// Counted in `LIVE_STORES` from construction to drop.
+struct Alive;
+
+impl Alive {
+    fn new() -> Alive {
+        LIVE_STORES.with(|n| n.set(n.get() + 1));
+        Alive
+    }
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        LIVE_STORES.with(|n| n.set(n.get() - 1));
+    }
+}
+
 pub struct RedisStore {
     pub model: Arc<RedisModel>,
     /// What the next restart keeps (the nemesis picks it per restart).
@@ -52,6 +79,7 @@ pub struct RedisStore {
     aof: Mutex<Keyspace>,
     aof_window: Duration,
     starts: AtomicU64,
+    _alive: Alive,
 }
 
 impl RedisStore {
@@ -66,6 +94,7 @@ impl RedisStore {
             aof: Mutex::new(Keyspace::new()),
             aof_window,
             starts: AtomicU64::new(0),
+            _alive: Alive::new(),
         }
     }
 
@@ -337,6 +366,7 @@ impl Ledger for SimLedger {
 /// fault lost them before they were stored), group offsets, the dead-letter topic.
 pub struct KafkaLog {
     state: Mutex<KafkaState>,
+    _alive: Alive,
 }
 
 struct KafkaState {
@@ -353,6 +383,7 @@ impl KafkaLog {
                 committed: BTreeMap::new(),
                 dead_letters: Vec::new(),
             }),
+            _alive: Alive::new(),
         }
     }
 

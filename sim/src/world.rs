@@ -550,7 +550,9 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     let drained = if w.violated() { true } else { w.settle().await };
     checker.abort();
     w.final_checks(drained).await;
-    w.report().await
+    let report = w.report().await;
+    w.tear_down().await;
+    report
 }
 
 impl World {
@@ -861,12 +863,9 @@ impl World {
         self.handle.restart(id);
     }
 
-    /// Undo every fault: knobs off, links healed, every node running.
-    async fn heal(&self) {
-        self.faults.set(|k| *k = Default::default());
-        let net = NetSim::current();
-        net.update_config(|c| c.packet_loss_rate = 0.0);
-        let all = [
+    /// Every node of the world but the clients (whose tasks are done when the sale ends).
+    fn nodes(&self) -> impl Iterator<Item = &NodeHandle> {
+        [
             &self.redis_node,
             &self.mysql_node,
             &self.kafka_node,
@@ -874,8 +873,27 @@ impl World {
         ]
         .into_iter()
         .chain(&self.engines)
-        .chain(&self.consumers);
-        for n in all {
+        .chain(&self.consumers)
+    }
+
+    /// Stop every node and let the executor drop their tasks before the runtime goes. A task
+    /// still pending when a madsim runtime drops is never dropped (madsim-rs/madsim#242): the
+    /// servers' loops hold the stores, so each run kept megabytes alive (a 20-seed sweep grew to
+    /// 508 MB; now 19 MB).
+    async fn tear_down(&self) {
+        for n in self.nodes() {
+            self.handle.kill(n.id());
+        }
+        // One tick: the executor takes the killed tasks it was woken for and drops them.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    /// Undo every fault: knobs off, links healed, every node running.
+    async fn heal(&self) {
+        self.faults.set(|k| *k = Default::default());
+        let net = NetSim::current();
+        net.update_config(|c| c.packet_loss_rate = 0.0);
+        for n in self.nodes() {
             net.unclog_node(n.id());
             if self.handle.is_exit(n.id()) {
                 self.handle.restart(n.id());

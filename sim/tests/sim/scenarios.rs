@@ -134,3 +134,14 @@ async fn chaos_world_is_deterministic() {
     let r = world::world(SimConfig::small(seed, Scenario::Chaos)).await;
     assert_eq!(r.verdict, Verdict::Ok, "{:?}", r.violations);
 }
+
+#[test]
+fn a_finished_run_leaves_no_store_alive() {
+    // Chaos crashes and restarts nodes mid-sale; every task must still go with the runtime.
+    check(&SimConfig::small(3, Scenario::Chaos));
+    assert_eq!(
+        seckill_sim::stores::live_stores(),
+        0,
+        "a store outlived its run: a task holding it was left pending in the dropped runtime"
+    );
+}
