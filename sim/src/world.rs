@@ -536,10 +536,10 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     ));
 
     // Sale under faults, watched continuously.
-    let clients = w.spawn_clients();
+    let mut clients = w.spawn_clients();
     let nemesis = tokio::spawn(w.clone().nemesis());
     let checker = tokio::spawn(w.clone().check_continuously());
-    for c in clients {
+    for (_, c) in &mut clients {
         let _ = c.await;
         if w.violated() {
             break;
@@ -551,7 +551,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     checker.abort();
     w.final_checks(drained).await;
     let report = w.report().await;
-    w.tear_down().await;
+    w.tear_down(clients.iter().map(|(node, _)| node.id())).await;
     report
 }
 
@@ -597,7 +597,7 @@ impl World {
         }
     }
 
-    fn spawn_clients(self: &Arc<Self>) -> Vec<madsim::task::JoinHandle<()>> {
+    fn spawn_clients(self: &Arc<Self>) -> Vec<(NodeHandle, madsim::task::JoinHandle<()>)> {
         let clicks = workload(&self.cfg);
         let n = self.cfg.clients;
         (0..n)
@@ -610,7 +610,8 @@ impl World {
                     .ip(ip(&format!("10.0.3.{}", c + 1)))
                     .build();
                 let w = self.clone();
-                node.spawn(async move { w.client(c, mine).await })
+                let task = node.spawn(async move { w.client(c, mine).await });
+                (node, task)
             })
             .collect()
     }
@@ -863,7 +864,7 @@ impl World {
         self.handle.restart(id);
     }
 
-    /// Every node of the world but the clients (whose tasks are done when the sale ends).
+    /// Every server node of the world (the clients are its callers, created per sale).
     fn nodes(&self) -> impl Iterator<Item = &NodeHandle> {
         [
             &self.redis_node,
@@ -878,11 +879,11 @@ impl World {
 
     /// Stop every node and let the executor drop their tasks before the runtime goes. A task
     /// still pending when a madsim runtime drops is never dropped (madsim-rs/madsim#242): the
-    /// servers' loops hold the stores, so each run kept megabytes alive (a 20-seed sweep grew to
-    /// 508 MB; now 19 MB).
-    async fn tear_down(&self) {
-        for n in self.nodes() {
-            self.handle.kill(n.id());
+    /// servers' loops hold the stores, and so do clients a violation stopped mid-click — each run
+    /// kept megabytes alive (a 20-seed sweep peaked at 507,544 KB; now 18,804 KB).
+    async fn tear_down(&self, clients: impl Iterator<Item = madsim::task::NodeId>) {
+        for id in self.nodes().map(NodeHandle::id).chain(clients) {
+            self.handle.kill(id);
         }
         // One tick: the executor takes the killed tasks it was woken for and drops them.
         tokio::time::sleep(Duration::from_millis(1)).await;

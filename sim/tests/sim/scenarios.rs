@@ -124,6 +124,12 @@ fn every_planted_bug_is_caught_and_the_same_seeds_pass_clean() {
         };
         check(&base(seed));
     }
+    // A violation stops the sale with clients mid-click: their tasks go with the runtime too.
+    assert_eq!(
+        seckill_sim::stores::live_stores(),
+        0,
+        "a store outlived its run: a task holding it was left pending in the dropped runtime"
+    );
 }
 
 /// Under `MADSIM_TEST_CHECK_DETERMINISM=1` madsim runs this twice per seed and fails if the two
