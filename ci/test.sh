@@ -24,6 +24,9 @@ rustc --version
 step "format"
 cargo fmt --all -- --check
 
+step "the README's commands, word for word (run command, demo example, synopses, plan presets)"
+ci/readme.sh
+
 step "clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 

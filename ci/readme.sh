@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The README's copy-pasteable commands, run as a newcomer runs them: the words are taken from
+# README.md itself (not from a copy here), from the root of the clone. A green test suite once hid
+# a run command that did not run (issue 13): every test ran `target/release/seckill`, never the
+# README's words. Needs nothing but cargo; ci/test.sh runs it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail() { echo "readme: $*" >&2; exit 1; }
+
+# Code blocks of one README section ("## <title>"), numbered from 0: "<n>: <line>".
+blocks() {
+  awk -v title="$1" 'BEGIN { n = 0 }
+    index($0, "## " title) == 1 { s = 1; next }
+    s && /^## / { exit }
+    s && /^```/ { inb = !inb; if (!inb) n++; next }
+    s && inb { print n ": " $0 }' README.md
+}
+
+# 1. "Set up on a fresh machine": exactly two commands, the run command and the test command.
+run_cmd=$(blocks "Set up on a fresh machine" | sed -n 's/^0: //p')
+test_cmd=$(blocks "Set up on a fresh machine" | sed -n 's/^1: //p')
+[ -n "$run_cmd" ] && [ "$(wc -l <<< "$run_cmd")" -eq 1 ] || fail "the set-up section has no one-line run command"
+[ "$test_cmd" = "ci/test.sh" ] || fail "the set-up section's test command is '$test_cmd', not ci/test.sh"
+echo "\$ $run_cmd"
+out=$(bash -c "$run_cmd") || fail "'$run_cmd' exited $?"
+printf '%s\n' "$out"
+[ "$(tail -n 1 <<< "$out")" = "invariants: ok" ] || fail "'$run_cmd' did not end with 'invariants: ok'"
+
+# Every other command below runs through the README's own run command with other arguments.
+base=${run_cmd% demo} # "cargo run --release --"
+[ "$base" != "$run_cmd" ] || fail "the run command does not end in 'demo': '$run_cmd'"
+seckill() { bash -c "$base $(printf '%q ' "$@")"; }
+
+# 2. The demo example: "Example (`<command>`):" and the output block after it. The funnel must
+# match line for line but for the timing line and the two counts the README says may move with
+# the machine's speed (duplicate / sold out).
+example=$(sed -n 's/.*Example (`\(cargo run --release -- demo[^`]*\)`):.*/\1/p' README.md)
+[ -n "$example" ] || fail "the demo example's command is gone"
+expected=$(awk '/Example \(`cargo run --release -- demo/ { s = 1; next }
+  s && /^```/ { if (inb) exit; inb = 1; next } s && inb' README.md)
+echo "\$ $example"
+got=$(bash -c "$example") || fail "'$example' exited $?"
+printf '%s\n' "$got"
+stable() { grep -vE '^(elapsed |  duplicate |  sold out )' <<< "$1"; }
+diff <(stable "$expected") <(stable "$got") || fail "'$example' no longer prints the README's funnel"
+
+# 3. The figures the demo section quotes for seed 7 (each claim must still be in the README).
+claim() { # claim <README text> <flags> <expected line>
+  grep -qF -- "$1" README.md || fail "the README no longer says '$1': update ci/readme.sh"
+  local line
+  line=$(seckill demo --seed 7 $2 | grep -F -- "$3") || fail "demo --seed 7 $2 does not print '$3'"
+  echo "demo --seed 7 $2: $line"
+}
+claim '`--skew 0.9` sells all 1,000 units with 149' "--skew 0.9" "units sold             1000 of 1000"
+claim '`--skew 0.9` sells all 1,000 units with 149' "--skew 0.9" "rebalancer: 149 transfers"
+claim '`--skew 0.99 --no-rebalance` leaves 607 unsold' "--skew 0.99 --no-rebalance" "(607 left in redis)"
+claim 'with rebalancing 2 are left' "--skew 0.99" "(2 left in redis)"
+
+# 4. Every flag of every synopsis ("seckill <cmd> [--flag ...]" in a code block) is one the
+# command's --help lists, and a bad flag is refused by name (exit 2).
+synopses=$(awk '/^```/ { inb = !inb; next } inb' README.md | awk '
+  /^seckill [a-z]+ / { cmd = $2 } /^seckill [a-z]+ / || (/^ +\[--/ && cmd) { print cmd " " $0; next } { cmd = "" }')
+for cmd in $(awk '{print $1}' <<< "$synopses" | sort -u); do
+  help=$(seckill "$cmd" --help) || fail "seckill $cmd --help exited $?"
+  for flag in $(grep "^$cmd " <<< "$synopses" | grep -oE -- '--[a-z][a-z-]*' | sort -u); do
+    grep -qE -- "$flag( |,|$)" <<< "$help" || fail "seckill $cmd --help does not list $flag (the README's synopsis does)"
+  done
+  echo "seckill $cmd --help lists every flag of the README's synopsis"
+  set +e; err=$(seckill "$cmd" --no-such-flag 2>&1 >/dev/null); code=$?; set -e
+  [ "$code" -eq 2 ] && grep -q -- "--no-such-flag" <<< "$err" || fail "seckill $cmd --no-such-flag: exit $code, not refused by name"
+done
+
+# 5. The planner's presets, as the README and BENCHMARKS.md print them.
+for preset in seed-funnel-500k seed-100k; do
+  seckill plan --preset "$preset" | grep -q "short stave" || fail "seckill plan --preset $preset names no short stave"
+  echo "seckill plan --preset $preset: ok"
+done
+
+echo "readme: every command checked"
