@@ -18,6 +18,8 @@
 pub const SIM_EPOCH_MS: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
 #[cfg(madsim)]
+pub mod args;
+#[cfg(madsim)]
 pub mod faults;
 #[cfg(madsim)]
 pub mod nodes;

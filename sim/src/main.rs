@@ -20,6 +20,7 @@ fn main() -> std::process::ExitCode {
 mod app {
     use clap::{Parser, Subcommand};
     use seckill_engine::planted::Bug;
+    use seckill_sim::args::{config, parse_bug, RunArgs, Shape};
     use seckill_sim::world::{self, RunReport, Scenario, SimConfig, Verdict};
     use serde::Deserialize;
     use std::collections::BTreeMap;
@@ -37,41 +38,10 @@ mod app {
         command: Command,
     }
 
-    #[derive(clap::Args, Clone)]
-    struct Shape {
-        /// Use the standard sizes (10,000 users, 1,000 units); otherwise the small sweep sizes.
-        #[arg(long)]
-        standard: bool,
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-        users: Option<u64>,
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-        stock: Option<u64>,
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
-        buckets: Option<u32>,
-        #[arg(long = "sale-ms", value_parser = clap::value_parser!(u64).range(10..=600_000))]
-        sale_ms: Option<u64>,
-        /// Run without the jobs node (reconciler, recovery, payment timeout).
-        #[arg(long = "no-jobs")]
-        no_jobs: bool,
-    }
-
     #[derive(Subcommand)]
     enum Command {
         /// Run one seed and print its report (the replay command of a failure).
-        Run {
-            #[arg(long)]
-            seed: u64,
-            #[arg(long, value_enum, default_value = "chaos")]
-            scenario: Scenario,
-            /// Plant one named bug (see `--planted list`).
-            #[arg(long, value_parser = parse_bug)]
-            planted: Option<Bug>,
-            #[command(flatten)]
-            shape: Shape,
-            /// Print the report as one JSON object.
-            #[arg(long)]
-            json: bool,
-        },
+        Run(RunArgs),
         /// Run seeds `from..from+seeds`, one JSON line each (for ci/soak.sh).
         Sweep {
             #[arg(long, default_value_t = 0)]
@@ -117,30 +87,6 @@ mod app {
             ]));
         }
         <Scenario as clap::ValueEnum>::from_str(s, false).map(|sc| Scenarios(vec![sc]))
-    }
-
-    fn parse_bug(s: &str) -> Result<Bug, String> {
-        Bug::parse(s).ok_or_else(|| {
-            let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
-            format!("unknown bug {s:?}; planted bugs: {}", names.join(", "))
-        })
-    }
-
-    fn config(seed: u64, scenario: Scenario, planted: Option<Bug>, shape: &Shape) -> SimConfig {
-        let base = if shape.standard {
-            SimConfig::standard(seed, scenario)
-        } else {
-            SimConfig::small(seed, scenario)
-        };
-        SimConfig {
-            planted,
-            users: shape.users.unwrap_or(base.users),
-            stock: shape.stock.unwrap_or(base.stock),
-            buckets: shape.buckets.unwrap_or(base.buckets),
-            sale_ms: shape.sale_ms.unwrap_or(base.sale_ms),
-            jobs: !shape.no_jobs,
-            ..base
-        }
     }
 
     /// One seed: its report (None if the world crashed) and the wall time it took.
@@ -215,6 +161,7 @@ mod app {
         serde_json::json!({
             "seed": cfg.seed,
             "scenario": cfg.scenario,
+            "size": cfg.size,
             "planted": cfg.planted.map(|b| b.name()),
             "verdict": report.map_or("crash", |r| match r.verdict {
                 Verdict::Ok => "ok",
@@ -233,18 +180,15 @@ mod app {
         // A crash is reported by exit code and replay command, not by a panic backtrace per seed.
         std::panic::set_hook(Box::new(|info| eprintln!("world crashed: {info}")));
         match Cli::parse().command {
-            Command::Run {
-                seed,
-                scenario,
-                planted,
-                shape,
-                json,
-            } => {
-                let cfg = config(seed, scenario, planted, &shape);
+            Command::Run(args) => {
+                let cfg = args.config();
+                let json = args.json;
                 if !json {
                     println!(
-                        "seed {seed} scenario {scenario:?} planted {:?}",
-                        planted.map(|b| b.name())
+                        "seed {} scenario {:?} planted {:?}",
+                        cfg.seed,
+                        cfg.scenario,
+                        cfg.planted.map(|b| b.name())
                     );
                 }
                 let (report, wall_ms) = run_one(&cfg);
@@ -315,6 +259,8 @@ mod app {
     #[derive(Deserialize)]
     struct Line {
         seed: u64,
+        scenario: Scenario,
+        size: seckill_sim::world::Size,
         planted: Option<String>,
         verdict: String,
         #[serde(default)]
@@ -390,6 +336,20 @@ mod app {
         );
         let f: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!("faults: {}", f.join(" "));
+        // Per scenario and size too: one slow scenario hides in the total.
+        let mut per: BTreeMap<(String, String), (u64, f64)> = BTreeMap::new();
+        for l in &lines {
+            let key = (l.scenario.name(), format!("{:?}", l.size).to_lowercase());
+            let e = per.entry(key).or_insert((0, 0.0));
+            e.0 += l.sim_ms;
+            e.1 += l.wall_ms;
+        }
+        for ((scenario, size), (sim, wall)) in &per {
+            println!(
+                "time-compression {scenario} {size}: {:.1}x",
+                *sim as f64 / wall.max(1e-3)
+            );
+        }
         println!("time-compression: {:.0}x", sim as f64 / wall.max(1e-3));
         if failed.is_empty() {
             ExitCode::SUCCESS

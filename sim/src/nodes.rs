@@ -18,8 +18,11 @@ use std::time::Duration;
 
 /// The consumer group every consumer node joins.
 pub const GROUP: &str = "seckill-orders";
-/// Deliveries per ledger transaction in the simulation: small, so crashes land mid-stream.
-const BATCH: usize = 16;
+/// Deliveries per ledger transaction in the simulation: a quarter of production's
+/// (`DEFAULT_MAX_BATCH`), so crashes land mid-stream; large enough that two consumers drain a
+/// standard-size sale's backlog (over ten thousand records after Redis lost data) in seconds,
+/// as production's would — at 16 they took twenty simulated seconds.
+const BATCH: usize = 64;
 /// How often engines re-read the activity state.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// How often the jobs node runs recovery check, reconciler and payment timeout.
@@ -94,8 +97,11 @@ pub async fn jobs_main(
     let plan = StockPlan::new(&activity);
     let clock = Clock::new(crate::SIM_EPOCH_MS, tokio::time::Instant::now());
     let recovery = RecoveryConfig {
-        // engines refresh every 100 ms; a publish times out after 300 ms
-        quiesce: Duration::from_millis(500),
+        // Longer than the whole publish window: engines see `recovering` within a refresh, and
+        // a record whose ack was lost still lands up to LATE_APPEND_MAX later. At 500 ms (less
+        // than that window) a record appended after the drain reached the ledger after the
+        // rebuild had read it, and Redis stayed a unit over for good (chaos, seed 50446).
+        quiesce: REFRESH_EVERY + crate::stores::LATE_APPEND_MAX + Duration::from_millis(100),
         drain_timeout: Duration::from_secs(5),
         group: GROUP.to_string(),
     };
@@ -129,7 +135,11 @@ pub async fn jobs_main(
             // The other jobs check the activity state themselves: they go on.
             Err(e) => faults.event(format!("recovery: {e}")),
         }
-        if let Ok(r) = reconcile(&cache, &ledger, &bus, &plan, clock.now_ms(), &reconcile_cfg).await {
+        let pass = reconcile(&cache, &ledger, &bus, &plan, clock.now_ms(), &reconcile_cfg).await;
+        if let Err(e) = &pass {
+            faults.event(format!("reconciler: {e}"));
+        }
+        if let Ok(r) = pass {
             let acted = r.settled + r.republished + r.pending_kept + r.pending_cleared;
             if acted + r.cancels_released + r.transfers_finished > 0 {
                 faults.event(format!(
@@ -146,8 +156,10 @@ pub async fn jobs_main(
                 faults.event(format!("reconciler: {d}"));
             }
         }
-        if let Ok(n @ 1..) = cancel_unpaid(&cache, &ledger, &plan, clock.now_ms()).await {
-            faults.event(format!("payment timeout: {n} orders cancelled"));
+        match cancel_unpaid(&cache, &ledger, &plan, clock.now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => faults.event(format!("payment timeout: {n} orders cancelled")),
+            Err(e) => faults.event(format!("payment timeout: {e}")),
         }
     }
 }

@@ -274,86 +274,112 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         else {
             return Err(bad_reply(OP, &reply));
         };
-        let unparsable = |what: &str, field: &str| {
-            PortError::determinate(OP, format!("bucket {b}: cannot parse {what} entry {field:?}"))
-        };
-        let mut out = CacheBucket {
-            bucket: b,
-            stock: (*exists == 1).then_some(*stock),
-            buyers: Vec::with_capacity(buyers.len()),
-            open: Vec::new(),
-            pending: Vec::new(),
-            transfers_in: 0,
-            transfers_out: 0,
-            cancelled_released: Vec::new(),
-            transfers_in_flight: Vec::new(),
-        };
-        for m in buyers {
-            let user = as_str(m)
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| bad_reply(OP, m))?;
-            out.buyers.push(UserId(user));
-        }
-        out.buyers.sort();
-        for (field, value) in pairs(OP, resv)? {
-            if let Some(user) = field.strip_prefix("pending:") {
-                let user = user.parse().map_err(|_| unparsable("pending", &field))?;
-                let mut parts = value.split('|');
-                let (Some(Ok(reservation)), Some(Ok(since_ms))) =
-                    (parts.next().map(str::parse), parts.next().map(str::parse))
-                else {
-                    return Err(unparsable("pending", &value));
-                };
-                out.pending.push(PendingMark {
-                    user: UserId(user),
-                    reservation,
-                    since_ms,
-                });
-                continue;
-            }
-            let id: ReservationId = field.parse().map_err(|_| unparsable("resv", &field))?;
-            let mut parts = value.split('|').map(|p| p.parse::<u64>());
-            let (Some(Ok(user)), Some(Ok(qty)), Some(Ok(at)), None) =
-                (parts.next(), parts.next(), parts.next(), parts.next())
-            else {
-                return Err(unparsable("resv", &value));
-            };
-            out.open.push(Reservation {
-                id,
-                activity: plan.activity,
-                user: UserId(user),
-                bucket: b,
-                qty: u32::try_from(qty).map_err(|_| unparsable("resv", &value))?,
-                reserved_at_ms: at,
-            });
-        }
-        let mut acked = std::collections::BTreeSet::new();
-        for (field, value) in pairs(OP, xfer)? {
-            let units = |v: &str| v.parse::<u64>().map_err(|_| unparsable("xfer", &value));
-            if let Some(rid) = field.strip_prefix("rel:") {
-                out.cancelled_released
-                    .push(rid.parse().map_err(|_| unparsable("xfer", &field))?);
-            } else if field.starts_with("give:") {
-                out.transfers_in += units(&value)?;
-            } else if let Some(tid) = field.strip_prefix("take:") {
-                let (n, to) = value.split_once('|').ok_or_else(|| unparsable("xfer", &value))?;
-                let n = units(n)?;
-                out.transfers_out += n;
-                out.transfers_in_flight.push(Transfer {
-                    id: tid.to_string(),
-                    from: b,
-                    to: BucketNo(to.parse().map_err(|_| unparsable("xfer", &value))?),
-                    units: n,
-                });
-            } else if let Some(tid) = field.strip_prefix("ack:") {
-                acked.insert(tid.to_string());
-            } else {
-                return Err(unparsable("xfer", &field));
-            }
-        }
-        out.transfers_in_flight.retain(|t| !acked.contains(&t.id));
-        Ok(out)
+        let members = buyers
+            .iter()
+            .map(|m| as_str(m).ok_or_else(|| bad_reply(OP, m)))
+            .collect::<PortResult<Vec<&str>>>()?;
+        let (resv, xfer) = (pairs(OP, resv)?, pairs(OP, xfer)?);
+        decode_bucket(
+            plan,
+            b,
+            (*exists == 1).then_some(*stock),
+            members,
+            resv.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            xfer.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )
     }
+}
+
+/// One bucket's keys as the DESIGN §4 contract writes them — the stock, the buyer set's members,
+/// the `resv` and `xfer` hashes' fields — decoded into a `CacheBucket`. The one decoder of that
+/// contract: `inspect.lua`'s replies and a raw read of a keyspace (the simulation's checker)
+/// both come through here.
+pub fn decode_bucket<'a>(
+    plan: &StockPlan,
+    b: BucketNo,
+    stock: Option<i64>,
+    buyers: impl IntoIterator<Item = &'a str>,
+    resv: impl IntoIterator<Item = (&'a str, &'a str)>,
+    xfer: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> PortResult<CacheBucket> {
+    const OP: &str = "snapshot";
+    let unparsable = |what: &str, field: &str| {
+        PortError::determinate(OP, format!("bucket {b}: cannot parse {what} entry {field:?}"))
+    };
+    let mut out = CacheBucket {
+        bucket: b,
+        stock,
+        buyers: Vec::new(),
+        open: Vec::new(),
+        pending: Vec::new(),
+        transfers_in: 0,
+        transfers_out: 0,
+        cancelled_released: Vec::new(),
+        transfers_in_flight: Vec::new(),
+    };
+    for m in buyers {
+        let user = m.parse().map_err(|_| unparsable("buyers", m))?;
+        out.buyers.push(UserId(user));
+    }
+    out.buyers.sort();
+    for (field, value) in resv {
+        if let Some(user) = field.strip_prefix("pending:") {
+            let user = user.parse().map_err(|_| unparsable("pending", field))?;
+            let mut parts = value.split('|');
+            let (Some(Ok(reservation)), Some(Ok(since_ms))) =
+                (parts.next().map(str::parse), parts.next().map(str::parse))
+            else {
+                return Err(unparsable("pending", value));
+            };
+            out.pending.push(PendingMark {
+                user: UserId(user),
+                reservation,
+                since_ms,
+            });
+            continue;
+        }
+        let id: ReservationId = field.parse().map_err(|_| unparsable("resv", field))?;
+        let mut parts = value.split('|').map(|p| p.parse::<u64>());
+        let (Some(Ok(user)), Some(Ok(qty)), Some(Ok(at)), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(unparsable("resv", value));
+        };
+        out.open.push(Reservation {
+            id,
+            activity: plan.activity,
+            user: UserId(user),
+            bucket: b,
+            qty: u32::try_from(qty).map_err(|_| unparsable("resv", value))?,
+            reserved_at_ms: at,
+        });
+    }
+    let mut acked = std::collections::BTreeSet::new();
+    for (field, value) in xfer {
+        let units = |v: &str| v.parse::<u64>().map_err(|_| unparsable("xfer", value));
+        if let Some(rid) = field.strip_prefix("rel:") {
+            out.cancelled_released
+                .push(rid.parse().map_err(|_| unparsable("xfer", field))?);
+        } else if field.starts_with("give:") {
+            out.transfers_in += units(value)?;
+        } else if let Some(tid) = field.strip_prefix("take:") {
+            let (n, to) = value.split_once('|').ok_or_else(|| unparsable("xfer", value))?;
+            let n = units(n)?;
+            out.transfers_out += n;
+            out.transfers_in_flight.push(Transfer {
+                id: tid.to_string(),
+                from: b,
+                to: BucketNo(to.parse().map_err(|_| unparsable("xfer", value))?),
+                units: n,
+            });
+        } else if let Some(tid) = field.strip_prefix("ack:") {
+            acked.insert(tid.to_string());
+        } else {
+            return Err(unparsable("xfer", field));
+        }
+    }
+    out.transfers_in_flight.retain(|t| !acked.contains(&t.id));
+    Ok(out)
 }
 
 impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {

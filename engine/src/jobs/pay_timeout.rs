@@ -6,6 +6,12 @@
 
 use crate::domain::StockPlan;
 use crate::ports::{Ledger, PortResult, ReleaseKind, StockCache};
+use futures::StreamExt;
+
+/// Releases in flight at once: a whole sale's unpaid orders fall due together (hundreds), and
+/// one round trip after another would hold the jobs loop — recovery and the reconciler wait
+/// behind it — for as many round trips; bounded so a large batch does not flood Redis.
+const RELEASES_IN_FLIGHT: usize = 32;
 
 /// Cancel what is due at `now_ms`; returns how many orders were cancelled.
 pub async fn cancel_unpaid<C: StockCache, L: Ledger>(
@@ -15,17 +21,20 @@ pub async fn cancel_unpaid<C: StockCache, L: Ledger>(
     now_ms: u64,
 ) -> PortResult<u64> {
     let cancelled = ledger.cancel_unpaid(plan.activity, now_ms).await?;
-    for r in &cancelled {
-        #[cfg(madsim)]
-        let r = &if crate::planted::on(crate::planted::Bug::CancelReleaseToRoutedBucket) {
-            crate::domain::Reservation {
-                bucket: plan.route(r.user),
-                ..r.clone()
-            }
-        } else {
-            r.clone()
-        };
-        let _ = cache.release(r, ReleaseKind::Cancelled).await;
-    }
+    futures::stream::iter(&cancelled)
+        .for_each_concurrent(RELEASES_IN_FLIGHT, |r| async move {
+            #[cfg(madsim)]
+            let r = &if crate::planted::on(crate::planted::Bug::CancelReleaseToRoutedBucket) {
+                crate::domain::Reservation {
+                    bucket: plan.route(r.user),
+                    ..r.clone()
+                }
+            } else {
+                r.clone()
+            };
+            // A failed release is the reconciler's: it finds the cancelled order's units not back.
+            let _ = cache.release(r, ReleaseKind::Cancelled).await;
+        })
+        .await;
     Ok(cancelled.len() as u64)
 }

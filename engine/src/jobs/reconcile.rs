@@ -13,10 +13,28 @@
 //! It leaves an activity alone while Redis has lost it (no meta or missing stock keys) or it is
 //! recovering: that is the recovery job's.
 
-use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan};
-use crate::ports::{Ledger, OrderBus, PortResult, ReleaseKind, StockCache};
+use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
+use crate::ports::{Ledger, OrderBus, PortResult, ReleaseKind, StockCache, Transfer};
+use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+
+/// Actions of one pass in flight at once. After a fault a pass may meet thousands of stale
+/// pending marks or open reservations (a standard-size sale under a slow Redis left 5,000); one
+/// round trip after another took a pass over a minute, with recovery and the payment timeout
+/// waiting behind it. Every action is idempotent and independent of the others, so their order
+/// does not matter; the bound keeps one pass from flooding Redis or the bus.
+const ACTIONS_IN_FLIGHT: usize = 32;
+
+/// One thing a pass does to one reservation, mark or transfer. Owned (a few clones per pass):
+/// a borrowed one makes the pass's future lifetime-generic, which `tokio::spawn` refuses.
+enum Action {
+    Settle(Reservation),
+    Republish(Reservation),
+    Resolve { user: UserId, keep: bool },
+    Finish(Transfer),
+    ReleaseCancelled(Reservation),
+}
 
 #[derive(Debug, Clone)]
 pub struct ReconcileConfig {
@@ -134,35 +152,28 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     for r in &db.cancelled {
         cancelled_in.entry(r.bucket).or_default().push(r);
     }
-    let ok = |r: PortResult<bool>, count: &mut u64, failed: &mut u64| match r {
-        Ok(true) => *count += 1,
-        Ok(false) => {}
-        Err(_) => *failed += 1,
-    };
-
+    let mut actions: Vec<Action> = Vec::new();
     report.open = view.buckets.iter().map(|b| b.open.len() as u64).sum();
     for b in &view.buckets {
         let stock = b.stock.unwrap_or(0);
         let mut open_unordered = 0i64;
         for r in &b.open {
-            match held.contains(&r.id) {
-                true => ok(cache.settle(r).await, &mut report.settled, &mut report.failed),
-                false => {
-                    open_unordered += r.qty as i64;
-                    if now_ms >= r.reserved_at_ms.saturating_add(cfg.republish_after_ms) {
-                        #[cfg(madsim)]
-                        let r = &if crate::planted::on(crate::planted::Bug::RepublishWithFreshId) {
-                            crate::domain::Reservation {
-                                id: ReservationId(r.id.0 ^ (now_ms as u128) << 64),
-                                ..r.clone()
-                            }
-                        } else {
-                            r.clone()
-                        };
-                        let published = bus.publish(r).await.map(|()| true);
-                        ok(published, &mut report.republished, &mut report.failed);
+            if held.contains(&r.id) {
+                actions.push(Action::Settle(r.clone()));
+                continue;
+            }
+            open_unordered += r.qty as i64;
+            if now_ms >= r.reserved_at_ms.saturating_add(cfg.republish_after_ms) {
+                #[cfg(madsim)]
+                let r = &if crate::planted::on(crate::planted::Bug::RepublishWithFreshId) {
+                    crate::domain::Reservation {
+                        id: ReservationId(r.id.0 ^ (now_ms as u128) << 64),
+                        ..r.clone()
                     }
-                }
+                } else {
+                    r.clone()
+                };
+                actions.push(Action::Republish(r.clone()));
             }
         }
         for p in b
@@ -171,20 +182,9 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             .filter(|p| now_ms >= p.since_ms.saturating_add(cfg.pending_after_ms))
         {
             let keep = open_anywhere.contains(&p.reservation) || held.contains(&p.reservation);
-            let count = if keep {
-                &mut report.pending_kept
-            } else {
-                &mut report.pending_cleared
-            };
-            let resolved = cache.resolve_pending(plan, p.user, keep).await.map(|()| true);
-            ok(resolved, count, &mut report.failed);
+            actions.push(Action::Resolve { user: p.user, keep });
         }
-        for t in &b.transfers_in_flight {
-            let finished = super::rebalance::finish(cache, ledger, plan, t)
-                .await
-                .map(|()| true);
-            ok(finished, &mut report.transfers_finished, &mut report.failed);
-        }
+        actions.extend(b.transfers_in_flight.iter().cloned().map(Action::Finish));
         let released: BTreeSet<ReservationId> = b.cancelled_released.iter().copied().collect();
         let sold = db.sold.get(&b.bucket).copied().unwrap_or(0) as i64;
         let mut cancel_in_flight = 0i64;
@@ -192,8 +192,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             // Units the ledger took back but Redis has not yet: this pass gives them back.
             if !released.contains(&r.id) && !open_anywhere.contains(&r.id) {
                 cancel_in_flight += r.qty as i64;
-                let released = cache.release(r, ReleaseKind::Cancelled).await;
-                ok(released, &mut report.cancels_released, &mut report.failed);
+                actions.push(Action::ReleaseCancelled((*r).clone()));
             }
         }
         let units = stock + open_unordered + sold + cancel_in_flight - b.transfers_in as i64
@@ -220,6 +219,38 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                 bucket: b.bucket,
                 units,
             });
+        }
+    }
+
+    let mut results = futures::stream::iter(actions)
+        .map(|action| async move {
+            let done = match &action {
+                Action::Settle(r) => cache.settle(r).await,
+                Action::Republish(r) => bus.publish(r).await.map(|()| true),
+                Action::Resolve { user, keep } => {
+                    cache.resolve_pending(plan, *user, *keep).await.map(|()| true)
+                }
+                Action::Finish(t) => super::rebalance::finish(cache, ledger, plan, t)
+                    .await
+                    .map(|()| true),
+                Action::ReleaseCancelled(r) => cache.release(r, ReleaseKind::Cancelled).await,
+            };
+            (action, done)
+        })
+        .buffer_unordered(ACTIONS_IN_FLIGHT);
+    while let Some((action, done)) = results.next().await {
+        let count = match action {
+            Action::Settle(_) => &mut report.settled,
+            Action::Republish(_) => &mut report.republished,
+            Action::Resolve { keep: true, .. } => &mut report.pending_kept,
+            Action::Resolve { keep: false, .. } => &mut report.pending_cleared,
+            Action::Finish(_) => &mut report.transfers_finished,
+            Action::ReleaseCancelled(_) => &mut report.cancels_released,
+        };
+        match done {
+            Ok(true) => *count += 1,
+            Ok(false) => {}
+            Err(_) => report.failed += 1,
         }
     }
     Ok(report)

@@ -21,7 +21,9 @@ pub struct RecoveryConfig {
     /// After setting `recovering`: long enough for every engine to refresh its activity state
     /// and for a publish already under way to finish (or time out).
     pub quiesce: Duration,
-    /// Give up (and retry on the next pass) if the topic is not drained by then.
+    /// Give up (and retry on the next pass) if the topic's lag has not fallen for this long. A
+    /// slow drain is waited out: a backlog of a whole sale takes the consumers a while, and
+    /// giving up on it would start the wait over (and the quiesce with it) without end.
     pub drain_timeout: Duration,
     /// The consumer group whose lag must reach zero.
     pub group: String,
@@ -33,6 +35,33 @@ pub struct RecoveryReport {
     pub buckets: u32,
     pub buyers: u64,
     pub stock: u64,
+}
+
+/// Wait until the consumer group has committed everything on the order topic; fail only if the
+/// lag stops falling for `drain_timeout` (measured on the tokio clock, lag calls included).
+async fn drain<B: OrderBus>(bus: &B, cfg: &RecoveryConfig) -> PortResult<()> {
+    let step = Duration::from_millis(50);
+    let mut lowest = u64::MAX;
+    let mut progress_at = tokio::time::Instant::now();
+    loop {
+        let lag = bus.lag(&cfg.group).await?;
+        if lag == 0 {
+            return Ok(());
+        }
+        if lag < lowest {
+            lowest = lag;
+            progress_at = tokio::time::Instant::now();
+        } else if progress_at.elapsed() >= cfg.drain_timeout {
+            return Err(PortError::determinate(
+                "recover",
+                format!(
+                    "the order topic did not drain: {lag} records, no progress for {} ms",
+                    cfg.drain_timeout.as_millis()
+                ),
+            ));
+        }
+        tokio::time::sleep(step).await;
+    }
 }
 
 pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
@@ -64,14 +93,8 @@ pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
         tokio::time::sleep(cfg.quiesce).await;
     }
 
-    let mut waited = Duration::ZERO;
-    let step = Duration::from_millis(50);
-    while !in_flight_ok && bus.lag(&cfg.group).await? > 0 {
-        if waited >= cfg.drain_timeout {
-            return Err(PortError::determinate("recover", "the order topic did not drain"));
-        }
-        tokio::time::sleep(step).await;
-        waited += step;
+    if !in_flight_ok {
+        drain(bus, cfg).await?;
     }
 
     let db = ledger.snapshot(plan.activity).await?;

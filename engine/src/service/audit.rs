@@ -2,7 +2,7 @@
 //! Shared by `seckill demo`, tests, the simulation and (later) `seckill audit`.
 
 use crate::domain::StockPlan;
-use crate::ports::{JournalKind, Ledger, PortResult, StockCache};
+use crate::ports::{CacheView, JournalKind, Ledger, LedgerView, PortResult, StockCache};
 use seckill_invariants::{self as inv, BucketState, OpenReservation, Order, Snapshot, Violation};
 
 pub async fn snapshot<C: StockCache, L: Ledger>(
@@ -12,6 +12,12 @@ pub async fn snapshot<C: StockCache, L: Ledger>(
 ) -> PortResult<Snapshot> {
     let redis = cache.snapshot(plan).await?;
     let db = ledger.snapshot(plan.activity).await?;
+    Ok(snapshot_of(&redis, &db, plan))
+}
+
+/// The snapshot of what Redis and the ledger showed (read however the caller could: through
+/// the ports, or raw as the simulation's checker does).
+pub fn snapshot_of(redis: &CacheView, db: &LedgerView, plan: &StockPlan) -> Snapshot {
     let mut journal = vec![0i64; plan.units.len()];
     let mut transfers = vec![0i64; plan.units.len()];
     for j in &db.journal {
@@ -64,12 +70,12 @@ pub async fn snapshot<C: StockCache, L: Ledger>(
             status: o.status,
         })
         .collect();
-    Ok(Snapshot {
+    Snapshot {
         activity: plan.activity.0,
         total_stock: plan.total_stock,
         buckets,
         orders,
-    })
+    }
 }
 
 /// Safety (S1–S3) always, plus R1 when the system is quiescent.

@@ -6,8 +6,8 @@ use seckill_engine::adapters::embedded::exec;
 use seckill_engine::adapters::script::{buyers_key, resv_key, stock_key, Script};
 use seckill_engine::domain::{ActivityState, BucketNo, UserId};
 use seckill_engine::jobs::{cancel_unpaid, reconcile, recover_if_needed, ReconcileConfig, RecoveryConfig};
-use seckill_engine::ports::{Ledger, OrderStatus, PayOutcome, StockCache};
-use seckill_engine::service::{OrderState, PurchaseOutcome};
+use seckill_engine::ports::{Ledger, OrderBus, OrderStatus, PayOutcome, StockCache};
+use seckill_engine::service::{OrderConsumer, OrderState, PurchaseOutcome};
 use std::time::Duration;
 
 const LATER: u64 = 1_500 + 3_000;
@@ -246,6 +246,41 @@ async fn recovery_rebuilds_redis_after_it_lost_everything() {
         (meta.state, meta.epoch),
         (ActivityState::Open, Some(rig.cache.epoch().await.unwrap()))
     );
+}
+
+/// A drain that is slow but moving is waited out; only a stalled one fails the recovery. (With
+/// a fixed deadline, a standard-size simulated sale's backlog of eleven thousand records made
+/// every attempt give up and start over: the activity never reopened.)
+#[tokio::test(start_paused = true)]
+async fn recovery_waits_out_a_slow_drain_and_gives_up_on_a_stalled_one() {
+    let rig = rig(10, 2, 0, 1_500).await;
+    for u in 1..=4 {
+        assert!(matches!(rig.buy(UserId(u)).await, PurchaseOutcome::Queued(_)));
+    }
+    rig.cache.conn().inner.flush_all();
+    let stalled = recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery()).await;
+    let err = stalled.expect_err("nobody consumes: the lag never falls");
+    assert!(err.to_string().contains("did not drain: 4 records"), "{err}");
+
+    // One record every 600 ms: 2.4 s in all, more than the 1 s drain timeout, never 1 s stalled.
+    let source = rig.bus.subscribe("test").await.unwrap();
+    let mut consumer = OrderConsumer::new(rig.ledger.clone(), rig.cache.clone(), source, 1);
+    let slow = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            if consumer.run_once().await.unwrap().delivered == 0 {
+                break;
+            }
+        }
+    });
+    let report = recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery())
+        .await
+        .unwrap()
+        .expect("a restart was detected");
+    assert_eq!((report.stock, report.buyers), (6, 4));
+    slow.await.unwrap();
+    rig.service.refresh_states().await;
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
 #[tokio::test(start_paused = true)]

@@ -6,5 +6,6 @@
 #[cfg(not(madsim))]
 compile_error!("simulation tests need `--cfg madsim`: run `cargo sim` with RUSTFLAGS unset");
 
+mod harness;
 mod scenarios;
 mod smoke;

@@ -151,3 +151,19 @@ fn a_finished_run_leaves_no_store_alive() {
         "a store outlived its run: a task holding it was left pending in the dropped runtime"
     );
 }
+
+/// One seed per failure class the standard size found (issue 14), each of which failed before
+/// its fix; run at the size that found it.
+#[test]
+fn standard_size_regressions() {
+    // Recovery gave up on a drain that was slow but progressing (eleven thousand records after
+    // 51 lost AOF windows) and started over without end: the activity stayed `recovering`, and
+    // cancelled units piled into a stale image (Redis 100 over a bucket of 50).
+    check(&SimConfig::standard(70_000, Scenario::RedisLoss));
+    // The crowded workload with 16 retries: the slow-script fault, drawn when a request arrived,
+    // kept Redis blocked long after the heal, and the reconciler's one-at-a-time pass over
+    // thousands of stale pending marks never finished (never quiescent, units unaccounted).
+    check(&SimConfig::standard(70_000, Scenario::Rebalancing));
+    // The same workload without transfer faults: L2 held once the scenario kept its own workload.
+    check(&SimConfig::standard(70_000, Scenario::Skewed));
+}

@@ -15,6 +15,7 @@ use crate::adapters::script::{sha1_hex, Reply};
 use bstr::BStr;
 use mlua::{Function, Lua, LuaOptions, StdLib, Table, Value as LuaValue};
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Deref;
 use std::sync::Mutex;
 
 /// A stored value. Empty sets and hashes are never stored: like Redis, removing the last
@@ -183,6 +184,19 @@ impl RedisModel {
             Ok(sha) => Reply::Bulk(sha.into_bytes()),
             Err(e) => e,
         }
+    }
+
+    /// Read the keyspace in place, under the lock, without a script or a copy (the simulation's
+    /// checker reads Redis raw, many times a simulated second).
+    pub fn read<T>(&self, f: impl FnOnce(&Keyspace) -> T) -> T {
+        let st = self.lock();
+        let ks = st
+            .lua
+            .app_data_ref::<Keyspace>()
+            .expect("keyspace installed at creation");
+        let out = f(ks.deref());
+        drop(ks);
+        out
     }
 
     /// A copy of the whole keyspace (for audits of the model and differential tests).
