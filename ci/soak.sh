@@ -49,7 +49,10 @@ else
   # Sweeps of at most $chunk seeds per process, $jobs at a time: the chunks spread the seeds over
   # the jobs, and a process that dies loses only its chunk. (A sweep process used to keep a few
   # MB per run — tasks left pending when a madsim runtime dropped — until the world tore itself down.)
-  chunk=${SOAK_CHUNK:-50}
+  # A chunk is at most 50 seeds, and small enough that every job gets one (a standard-size
+  # soak of a few seeds is otherwise one process on one core).
+  chunk=$(( (seeds + jobs - 1) / jobs )); [ "$chunk" -gt 50 ] && chunk=50
+  chunk=${SOAK_CHUNK:-$chunk}
   for ((start = from; start < from + seeds; start += chunk)); do
     n=$(( from + seeds - start )); [ "$n" -gt "$chunk" ] && n=$chunk
     echo "$start $n"
