@@ -10,7 +10,8 @@
 //!   key hashing, group offsets that survive restarts, a dead-letter topic), each with its faults;
 //! - `nodes`: engine and consumer nodes running `PurchaseService` and `OrderConsumer`;
 //! - `world`: clients, the nemesis over the fault catalog, the continuous checker, the report;
-//! - `faults`: knobs, counters, trace.
+//! - `faults`: knobs, counters, trace;
+//! - `args`: a run's command line, which a failure's replay command round-trips through.
 //!
 //! In a plain build this crate is empty but for the constants below.
 

@@ -18,11 +18,6 @@ use std::time::Duration;
 
 /// The consumer group every consumer node joins.
 pub const GROUP: &str = "seckill-orders";
-/// Deliveries per ledger transaction in the simulation: a quarter of production's
-/// (`DEFAULT_MAX_BATCH`), so crashes land mid-stream; large enough that two consumers drain a
-/// standard-size sale's backlog (over ten thousand records after Redis lost data) in seconds,
-/// as production's would — at 16 they took twenty simulated seconds.
-const BATCH: usize = 64;
 /// How often engines re-read the activity state.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// How often the jobs node runs recovery check, reconciler and payment timeout.
@@ -171,6 +166,7 @@ pub async fn consumer_main(
     index: u32,
     of: u32,
     partitions: u32,
+    batch: usize,
     faults: Arc<crate::faults::Faults>,
 ) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind consumer"));
@@ -179,7 +175,7 @@ pub async fn consumer_main(
     let source = seckill_engine::ports::OrderBus::subscribe(&bus, GROUP)
         .await
         .expect("static membership cannot fail");
-    let mut consumer = OrderConsumer::new(SimLedger::new(ep), cache, source, BATCH);
+    let mut consumer = OrderConsumer::new(SimLedger::new(ep), cache, source, batch);
     loop {
         if let Err(e) = consumer.run_once().await {
             faults.event(format!("consumer-{index}: batch failed: {e}"));

@@ -252,6 +252,12 @@ pub struct SimConfig {
     /// A click answered "sold out" or "unavailable" (or not at all) is retried this many times
     /// while the sale lasts.
     pub retries_when_sold_out: u32,
+    /// Deliveries per ledger transaction: small against the sale's record count, so crashes land
+    /// mid-stream and records are still in flight when a recovery looks; large enough that two
+    /// consumers drain the backlog in seconds, as production's (256) would. A small sale has a
+    /// few hundred records (16 a batch); a standard one up to eleven thousand after Redis lost
+    /// data, which at 16 took twenty simulated seconds to drain (64, a quarter of production's).
+    pub consumer_batch: usize,
 }
 
 impl SimConfig {
@@ -286,6 +292,10 @@ impl SimConfig {
             pay_timeout_ms: 1_500,
             pay_ratio: if crowded { 1.0 } else { 0.7 },
             retries_when_sold_out: if crowded { 16 } else { 0 },
+            consumer_batch: match size {
+                Size::Small => 16,
+                Size::Standard => 64,
+            },
         }
     }
 
@@ -567,9 +577,9 @@ pub async fn world(cfg: SimConfig) -> RunReport {
                 .parse()
                 .expect("consumer address");
             let of = cfg.consumers as u32;
-            let f = faults.clone();
+            let (f, batch) = (faults.clone(), cfg.consumer_batch);
             node(&format!("consumer-{i}"), &addr.ip().to_string())
-                .init(move || consumer_main(addr, i as u32, of, PARTITIONS, f.clone()))
+                .init(move || consumer_main(addr, i as u32, of, PARTITIONS, batch, f.clone()))
                 .build()
         })
         .collect();
