@@ -216,7 +216,7 @@ impl Scenario {
 
 /// The two sizes a run comes in. Only the size (users, stock, buckets, sale length) differs
 /// between them; a scenario's workload (skew, payments, retries) is its own at every size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Size {
     /// A few hundred users: quick seed sweeps in `cargo sim`.
@@ -269,7 +269,7 @@ impl SimConfig {
         let crowded = matches!(scenario, Scenario::Skewed | Scenario::Rebalancing);
         let (users, stock, buckets, sale_ms) = match (size, crowded) {
             (Size::Standard, _) => (10_000, 1_000, 16, 2_000),
-            // Two users for every three units... at the small size: demand barely above stock.
+            // 200 users for 120 units at the small size: demand barely above stock.
             (Size::Small, true) => (200, 120, 6, 1_500),
             (Size::Small, false) => (600, 240, 6, 800),
         };
