@@ -337,10 +337,9 @@ mod app {
         let f: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!("faults: {}", f.join(" "));
         // Per scenario and size too: one slow scenario hides in the total.
-        let mut per: BTreeMap<(String, String), (u64, f64)> = BTreeMap::new();
+        let mut per: BTreeMap<(String, &str), (u64, f64)> = BTreeMap::new();
         for l in &lines {
-            let key = (l.scenario.name(), format!("{:?}", l.size).to_lowercase());
-            let e = per.entry(key).or_insert((0, 0.0));
+            let e = per.entry((l.scenario.name(), l.size.name())).or_insert((0, 0.0));
             e.0 += l.sim_ms;
             e.1 += l.wall_ms;
         }

@@ -225,6 +225,16 @@ pub enum Size {
     Standard,
 }
 
+impl Size {
+    /// The name reports print it by (as it serializes).
+    pub fn name(self) -> &'static str {
+        match self {
+            Size::Small => "small",
+            Size::Standard => "standard",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SimConfig {
     pub seed: u64,

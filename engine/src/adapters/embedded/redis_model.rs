@@ -201,12 +201,7 @@ impl RedisModel {
 
     /// A copy of the whole keyspace (for audits of the model and differential tests).
     pub fn dump(&self) -> Keyspace {
-        let st = self.lock();
-        let ks = st
-            .lua
-            .app_data_ref::<Keyspace>()
-            .expect("keyspace installed at creation");
-        ks.clone()
+        self.read(Keyspace::clone)
     }
 
     /// The server's run id (Redis: `INFO server` → `run_id`): new after every restart.
