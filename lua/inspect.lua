@@ -1,8 +1,9 @@
 -- inspect.lua — read-only views for audit, invariants and order status. One bucket per call, so
 -- each view is atomic within its slot.
--- op "bucket": KEYS stock, buyers, resv, xfer of one bucket; ARGV[2] "summary" leaves the buyers
---   out (the set grows with the sale; the jobs read every bucket every few seconds)
---   -> {exists (0|1), stock, buyers[], resv (flat field/value list), xfer (flat field/value list)}
+-- op "bucket": KEYS stock, buyers, resv, xfer, gate of one bucket; ARGV[2] "summary" leaves the
+--   buyers out (the set grows with the sale; the jobs read every bucket every few seconds)
+--   -> {exists (0|1), stock, buyers[], resv (flat field/value list), xfer (flat field/value list),
+--       gate (its value, or "" when missing)}
 -- op "meta":   KEYS[1] sk:{A}:meta          -> flat field/value list (empty when not warmed)
 -- op "buyer":  KEYS[1] sk:{A.b}:buyers  ARGV[2] user   -> 0 | 1
 -- Redis answers SMEMBERS and HGETALL in an order of its own (it depends on the encoding and the
@@ -39,7 +40,7 @@ if op == "bucket" then
   if ARGV[2] ~= "summary" then
     buyers = members(KEYS[2])
   end
-  return {exists, tonumber(stock), buyers, fields(KEYS[3]), fields(KEYS[4])}
+  return {exists, tonumber(stock), buyers, fields(KEYS[3]), fields(KEYS[4]), redis.call("GET", KEYS[5]) or ""}
 elseif op == "meta" then
   return fields(KEYS[1])
 elseif op == "buyer" then

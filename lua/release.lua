@@ -9,7 +9,11 @@
 --                  reservation goes back, the buyer mark stays.
 --   "cancelled":   a durable order was cancelled (payment timeout): the units go back once,
 --                  remembered as xfer field "rel:<reservation id>"; an open entry is closed too.
--- -> {"released", qty} | {"absent"} (nothing open / already released)
+--   "adopt":       the reconciler is about to republish the open reservation: it is marked
+--                  (a trailing "|r" on its value) -> {"adopted"} | {"absent"}. From then on an
+--                  "unpublished" release refuses it (-> {"adopted"}): the purchase that failed to
+--                  publish must not give back units whose order is on its way after all.
+-- -> {"released", qty} | {"absent"} (nothing open / already released) | {"adopted"}
 local mode, rid, user = ARGV[1], ARGV[2], ARGV[3]
 if not rid or not string.match(rid, "^%x+$") then
   return redis.error_reply("ERR release: reservation id must be hex")
@@ -20,9 +24,20 @@ if open then
   qty = tonumber(string.match(open, "^%d+|(%d+)|"))
 end
 
-if mode == "unpublished" or mode == "rejected" then
+if mode == "adopt" then
   if not open then
     return {"absent"}
+  end
+  if not string.match(open, "|r$") then
+    redis.call("HSET", KEYS[3], rid, open .. "|r")
+  end
+  return {"adopted"}
+elseif mode == "unpublished" or mode == "rejected" then
+  if not open then
+    return {"absent"}
+  end
+  if mode == "unpublished" and string.match(open, "|r$") then
+    return {"adopted"}
   end
   redis.call("INCRBY", KEYS[1], qty)
   redis.call("HDEL", KEYS[3], rid)

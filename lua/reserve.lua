@@ -1,11 +1,13 @@
 -- reserve.lua — take units for one user from ONE stock bucket, atomically (one slot: every key
 -- shares the bucket's hash tag). This file is the only place the reserve logic exists.
 --
--- KEYS[1] sk:{A.b}:stock   KEYS[2] sk:{A.b}:buyers   KEYS[3] sk:{A.b}:resv
+-- KEYS[1] sk:{A.b}:stock   KEYS[2] sk:{A.b}:buyers   KEYS[3] sk:{A.b}:resv   KEYS[4] sk:{A.b}:gate
 --
 -- op "own"      (the user's own bucket)  ARGV: op, user, qty, reservation id, now_ms, bucket, fallback("1"|"0")
 -- op "fallback" (the fallback bucket)    ARGV: op, user, qty, reservation id, now_ms, bucket
---   -> {"reserved", bucket} | {"duplicate"} | {"empty"} | {"pending"} | {"not_warmed"}
+--   -> {"reserved", bucket, generation} | {"duplicate"} | {"empty"} | {"pending"} | {"not_warmed"}
+--    | {"gated", state}: the bucket's gate (gate.lua) is not open — state closed, paused or
+--      recovering; a missing gate counts as closed. Nothing is taken and no mark is left.
 --   "pending" (own only, when the bucket is empty and a fallback exists): the user is marked in
 --   this bucket's buyers and a `pending:<user>` field records the attempt, so that the same user
 --   cannot also win from this bucket later while the fallback attempt is in flight.
@@ -13,7 +15,8 @@
 --   "keep": the user won from the fallback; the buyer mark stays, the pending field goes.
 --   "clear": the fallback was empty too; mark and pending field both go.   -> {"resolved", n}
 --
--- A reservation is the field <reservation id> of resv with value "<user>|<qty>|<reserved_at_ms>";
+-- A reservation is the field <reservation id> of resv with value
+-- "<user>|<qty>|<reserved_at_ms>|<generation>" (the generation of the gate it was taken under);
 -- it stays there (the outbox) until the ledger holds the order (settle) or it is released.
 local op = ARGV[1]
 local user = ARGV[2]
@@ -47,14 +50,25 @@ local stock = redis.call("GET", KEYS[1])
 if not stock then
   return {"not_warmed"}
 end
+local gate = redis.call("GET", KEYS[4])
+if not gate then
+  return {"gated", "closed"}
+end
+local state, generation = string.match(gate, "^(%a+)|%a+|%d+|(%d+)|")
+if not state then
+  return redis.error_reply("ERR reserve: unreadable gate " .. gate)
+end
+if state ~= "open" then
+  return {"gated", state}
+end
 if redis.call("SISMEMBER", KEYS[2], user) == 1 then
   return {"duplicate"}
 end
 if tonumber(stock) >= qty then
   redis.call("DECRBY", KEYS[1], qty)
   redis.call("SADD", KEYS[2], user)
-  redis.call("HSET", KEYS[3], rid, user .. "|" .. qty .. "|" .. ARGV[5])
-  return {"reserved", tonumber(ARGV[6])}
+  redis.call("HSET", KEYS[3], rid, user .. "|" .. qty .. "|" .. ARGV[5] .. "|" .. generation)
+  return {"reserved", tonumber(ARGV[6]), tonumber(generation)}
 end
 if op == "own" and ARGV[7] == "1" then
   redis.call("SADD", KEYS[2], user)

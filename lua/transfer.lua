@@ -2,11 +2,14 @@
 -- live on different Redis Cluster nodes, so a transfer is three single-slot steps, each
 -- idempotent by transfer id, recorded in the buckets' xfer hashes:
 --
--- op "take" on the source:  KEYS[1] stock  KEYS[2] xfer   ARGV: op, tid, units, target bucket
+-- op "take" on the source:  KEYS[1] stock  KEYS[2] xfer  KEYS[3] gate   ARGV: op, tid, units, target bucket
 --   -> {"taken", units} | {"exists", units} (already taken) | {"short"} (not enough stock)
+--    | {"gated"} (the gate is missing, closed or recovering)
 --   records xfer "take:<tid>" = "<units>|<target>"
--- op "give" on the target:  KEYS[1] stock  KEYS[2] xfer   ARGV: op, tid, units
---   -> {"given"} | {"exists"};  records xfer "give:<tid>" = units
+-- op "give" on the target:  KEYS[1] stock  KEYS[2] xfer  KEYS[3] gate   ARGV: op, tid, units
+--   -> {"given"} | {"exists"} | {"gated"};  records xfer "give:<tid>" = units
+-- A take or give on a recovering or closed gate is refused (DESIGN §11.3): the recovery rebuilds
+-- the bucket from the ledger, and a transfer half done across it is finished from the journal.
 -- op "ack" on the source:   KEYS[2] xfer                  ARGV: op, tid
 --   -> {"acked"};  records xfer "ack:<tid>" = 1 — the transfer is complete everywhere
 --
@@ -24,10 +27,21 @@ local units = tonumber(ARGV[3])
 if not units or units < 1 or units ~= math.floor(units) then
   return redis.error_reply("ERR transfer: units must be a positive integer")
 end
+local function gated()
+  local gate = redis.call("GET", KEYS[3])
+  if not gate then
+    return true
+  end
+  local state = string.match(gate, "^(%a+)|")
+  return state == "recovering" or state == "closed"
+end
 if op == "take" then
   local taken = redis.call("HGET", KEYS[2], "take:" .. tid)
   if taken then
     return {"exists", tonumber(string.match(taken, "^(%d+)"))}
+  end
+  if gated() then
+    return {"gated"}
   end
   local stock = tonumber(redis.call("GET", KEYS[1]) or "0")
   if stock < units then
@@ -39,6 +53,9 @@ if op == "take" then
 elseif op == "give" then
   if redis.call("HEXISTS", KEYS[2], "give:" .. tid) == 1 then
     return {"exists"}
+  end
+  if gated() then
+    return {"gated"}
   end
   redis.call("INCRBY", KEYS[1], units)
   redis.call("HSET", KEYS[2], "give:" .. tid, units)

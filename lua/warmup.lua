@@ -7,13 +7,39 @@
 --   -> {"created"} | {"exists"}; a different plan version is an error (plans never change in place)
 --   The epoch is the Redis server's run id at warmup: a later run id means Redis restarted since,
 --   and may have lost data (the recovery job compares them).
--- op "state":  KEYS[1] sk:{A}:meta   ARGV[2] state  ARGV[3] plan version  ARGV[4] bucket count
---              ARGV[5] epoch ("" keeps the current one)   -> {"ok"}
---   Sets open / paused / recovering / closed; recreates the meta hash if Redis lost it.
+-- The meta holds only the plan's shape, the epoch and the recovery claim (DESIGN §11.2): the
+-- operator's intent lives in the registry (MySQL) and is enforced by the gates (gate.lua).
+-- op "claim":  KEYS[1] sk:{A}:meta   ARGV[2] fence  ARGV[3] lease ms  ARGV[4] version  ARGV[5] buckets
+--   -> {"claimed", previous fence or ""} | {"busy", fence, ms left}
+--   Recovery step 2: a live claim (deadline not passed) is left alone; an expired one is taken
+--   over. The deadline is measured with Redis's own TIME, never a runner's clock. Recreates the
+--   meta (without an epoch) if Redis lost it.
+-- op "renew":  KEYS[1] sk:{A}:meta   ARGV[2] fence  ARGV[3] lease ms   -> {"renewed"} | {"lost"}
+--   A lease of 0 lets the claim expire now (a runner giving up: the next one claims at once).
+-- op "finish": KEYS[1] sk:{A}:meta   ARGV[2] fence  ARGV[3] epoch      -> {"finished"} | {"lost"}
+--   Recovery's last step: the claim goes, the epoch is the run id the rebuild is valid for.
 -- op "moved":  KEYS[1] sk:{A}:meta   -> {"ok", n}
 --   Counts a rebalancing round (field `moves`): engines that see it change forget their local
 --   sold-out flags, so units moved into a drained bucket are offered again.
--- The engine warms every bucket first and the meta hash last, so `state=open` means "all warm".
+-- The engine warms every bucket and gate first and the meta hash last.
+local function now_ms()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function lease_arg(least)
+  local lease = tonumber(ARGV[3])
+  if not lease or lease < least or lease ~= math.floor(lease) then
+    return nil
+  end
+  return lease
+end
+local function fence_arg()
+  if not ARGV[2] or not string.match(ARGV[2], "^%w+$") then
+    return nil
+  end
+  return ARGV[2]
+end
+
 local op = ARGV[1]
 if op == "bucket" then
   local initial = tonumber(ARGV[2])
@@ -34,22 +60,46 @@ elseif op == "meta" then
     end
     return {"exists"}
   end
-  redis.call("HSET", KEYS[1], "version", ARGV[2], "buckets", ARGV[3], "state", "open", "epoch", ARGV[4])
+  redis.call("HSET", KEYS[1], "version", ARGV[2], "buckets", ARGV[3], "epoch", ARGV[4])
   return {"created"}
-elseif op == "state" then
-  local state = ARGV[2]
-  if state ~= "open" and state ~= "paused" and state ~= "recovering" and state ~= "closed" then
-    return redis.error_reply("ERR warmup: unknown state " .. tostring(state))
+elseif op == "claim" then
+  local fence, lease = fence_arg(), lease_arg(1)
+  if not fence or not lease then
+    return redis.error_reply("ERR warmup: claim wants an alphanumeric fence and a positive lease")
   end
   local version = redis.call("HGET", KEYS[1], "version")
-  if version and version ~= ARGV[3] then
-    return redis.error_reply("ERR warmup: plan version mismatch: have " .. version .. ", got " .. ARGV[3])
+  if version and version ~= ARGV[4] then
+    return redis.error_reply("ERR warmup: plan version mismatch: have " .. version .. ", got " .. ARGV[4])
   end
-  redis.call("HSET", KEYS[1], "version", ARGV[3], "buckets", ARGV[4], "state", state)
-  if ARGV[5] ~= "" then
-    redis.call("HSET", KEYS[1], "epoch", ARGV[5])
+  local now = now_ms()
+  local held = redis.call("HGET", KEYS[1], "claim")
+  local deadline = tonumber(redis.call("HGET", KEYS[1], "deadline") or "0")
+  if held and held ~= fence and deadline > now then
+    return {"busy", held, deadline - now}
   end
-  return {"ok"}
+  redis.call("HSET", KEYS[1], "version", ARGV[4], "buckets", ARGV[5], "claim", fence, "deadline", now + lease)
+  return {"claimed", held or ""}
+elseif op == "renew" then
+  local fence, lease = fence_arg(), lease_arg(0)
+  if not fence or not lease then
+    return redis.error_reply("ERR warmup: renew wants an alphanumeric fence and a lease (0: expire now)")
+  end
+  if redis.call("HGET", KEYS[1], "claim") ~= fence then
+    return {"lost"}
+  end
+  redis.call("HSET", KEYS[1], "deadline", now_ms() + lease)
+  return {"renewed"}
+elseif op == "finish" then
+  local fence = fence_arg()
+  if not fence or not ARGV[3] or ARGV[3] == "" then
+    return redis.error_reply("ERR warmup: finish wants an alphanumeric fence and an epoch")
+  end
+  if redis.call("HGET", KEYS[1], "claim") ~= fence then
+    return {"lost"}
+  end
+  redis.call("HDEL", KEYS[1], "claim", "deadline")
+  redis.call("HSET", KEYS[1], "epoch", ARGV[3])
+  return {"finished"}
 elseif op == "moved" then
   -- Never create a meta of its own: after a data loss that is the recovery's to rebuild.
   if redis.call("EXISTS", KEYS[1]) == 0 then

@@ -23,7 +23,11 @@ fn main() -> Result<(), String> {
     rt.block_on(async {
         let backend = EmbeddedBackend::new();
         let plan = StockPlan::new(&activity(1, n * 10, 64, 10));
-        backend.cache.warmup(&plan).await.map_err(|e| e.to_string())?;
+        backend
+            .cache
+            .warmup(&plan, &seckill_engine::ports::Intent::FIRST)
+            .await
+            .map_err(|e| e.to_string())?;
         let mut reserved = Vec::with_capacity(n as usize);
         let started = Instant::now();
         for u in 1..=n {

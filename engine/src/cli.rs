@@ -55,6 +55,10 @@ struct ServeArgs {
     /// Address to listen on (overrides SECKILL_LISTEN and the file).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// The roles this process runs: any of api, worker, jobs, comma-separated (overrides
+    /// SECKILL_ROLES and the file; default all three).
+    #[arg(long, value_parser = crate::roles::Roles::parse)]
+    roles: Option<crate::roles::Roles>,
 }
 
 #[derive(clap::Args)]
@@ -234,7 +238,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(args) => run_demo(args),
-        Command::Serve(args) => tools::serve(args.config, args.listen),
+        Command::Serve(args) => tools::serve(args.config, args.listen, args.roles),
         Command::Plan(args) => run_plan(args),
         Command::Load(args) => run_load(args),
         Command::Bench(a) => tools::bench(tools::BenchOptions {

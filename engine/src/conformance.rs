@@ -12,8 +12,9 @@ use crate::domain::{
     Activity, ActivityId, ActivitySpec, BucketNo, Reservation, ReservationId, StockPlan, UserId,
 };
 use crate::ports::{
-    ApplyOutcome, BucketImage, CancelOutcome, JournalKind, Ledger, OrderBus, OrderSource, OrderStatus,
-    PayOutcome, ReconcileView, ReleaseKind, ReserveOutcome, StockCache, Transfer,
+    ApplyOutcome, BucketImage, CancelOutcome, Claim, GateWrite, Intent, JournalKind, Ledger, OrderBus,
+    OrderSource, OrderStatus, PayOutcome, Rebuilt, ReconcileView, ReleaseKind, ReserveOutcome, StockCache,
+    Transfer,
 };
 use std::future::Future;
 
@@ -50,6 +51,18 @@ async fn reserve<C: StockCache>(c: &C, plan: &StockPlan, u: UserId, n: u128) -> 
         .await
         .expect("reserve")
 }
+
+/// An operator's intent at `version`, generation `generation`.
+pub fn intent(state: ActivityState, version: u64, generation: u64) -> Intent {
+    Intent {
+        state,
+        version,
+        generation,
+    }
+}
+
+/// What a new activity's gates start at (the registry's first row).
+const OPEN: Intent = Intent::FIRST;
 
 fn reserved(o: ReserveOutcome, case: &str) -> Reservation {
     match o {
@@ -89,14 +102,14 @@ where
             ReserveOutcome::NotWarmed,
             "reserve before warmup"
         );
-        let first = c.warmup(&plan).await.unwrap();
+        let first = c.warmup(&plan, &OPEN).await.unwrap();
         assert_eq!(
             (first.created, first.existing),
             (3, 0),
             "warmup: creates all buckets"
         );
         reserved(reserve(&c, &plan, u, 2).await, "warmup");
-        let again = c.warmup(&plan).await.unwrap();
+        let again = c.warmup(&plan, &OPEN).await.unwrap();
         assert_eq!((again.created, again.existing), (0, 3), "warmup: idempotent");
         assert_eq!(
             stock_of(&c, &plan, BucketNo(0)).await,
@@ -105,11 +118,22 @@ where
         );
         let meta = c.meta(plan.activity).await.unwrap().expect("meta after warmup");
         assert_eq!((meta.version.as_str(), meta.buckets), (plan.version.as_str(), 2));
-        assert_eq!(meta.state, crate::domain::ActivityState::Open);
+        assert_eq!(meta.claim, None);
+        assert!(
+            c.snapshot(&plan).await.unwrap().buckets.iter().all(|b| b.gate
+                == Some(crate::ports::Gate {
+                    state: ActivityState::Open,
+                    intent: ActivityState::Open,
+                    version: 1,
+                    generation: 0,
+                    fence: None
+                })),
+            "warmup: every gate at the registry's intent"
+        );
         let mut other = plan.clone();
         other.version = "0000000000000000".into();
         assert!(
-            c.warmup(&other).await.is_err(),
+            c.warmup(&other, &OPEN).await.is_err(),
             "warmup: a different plan version is refused"
         );
     }
@@ -118,7 +142,7 @@ where
     {
         let c = make().await;
         let plan = fresh(4, 2, 0); // 2 + 2 units, no fallback
-        c.warmup(&plan).await.unwrap();
+        c.warmup(&plan, &OPEN).await.unwrap();
         let users = users_in(&plan, BucketNo(1), 3);
         let r = reserved(reserve(&c, &plan, users[0], 1).await, "own");
         assert_eq!(
@@ -170,7 +194,7 @@ where
     {
         let c = make().await;
         let plan = fresh(10, 1, 20); // bucket 0: 8 units, fallback (bucket 1): 2
-        c.warmup(&plan).await.unwrap();
+        c.warmup(&plan, &OPEN).await.unwrap();
         let users = users_in(&plan, BucketNo(0), 12);
         for (i, u) in users[..8].iter().enumerate() {
             reserved(reserve(&c, &plan, *u, i as u128).await, "fill own");
@@ -182,7 +206,32 @@ where
             ReserveOutcome::Duplicate,
             "fallback winner is marked"
         );
-        reserved(reserve(&c, &plan, users[9], 9).await, "fallback 2");
+        // The own bucket's pending mark stays until the caller knows the publish's outcome.
+        let pending = &c.snapshot(&plan).await.unwrap().buckets[0].pending;
+        assert_eq!(
+            pending.len(),
+            1,
+            "a fallback win keeps its pending mark: {pending:?}"
+        );
+        assert_eq!((pending[0].user, pending[0].reservation), (users[8], f1.id));
+        c.resolve_pending(&plan, users[8], true).await.unwrap();
+        assert!(
+            c.holds(&plan, users[8]).await.unwrap(),
+            "kept: the user holds a unit"
+        );
+        let f2 = reserved(reserve(&c, &plan, users[9], 9).await, "fallback 2");
+        // A publish that certainly failed: the unit goes back, then the mark is cleared.
+        assert!(c.release(&f2, ReleaseKind::Unpublished).await.unwrap());
+        c.resolve_pending(&plan, users[9], false).await.unwrap();
+        assert!(
+            !c.holds(&plan, users[9]).await.unwrap(),
+            "no lockout after an unpublished fallback win"
+        );
+        reserved(
+            reserve(&c, &plan, users[9], 19).await,
+            "the user retries and wins",
+        );
+        c.resolve_pending(&plan, users[9], true).await.unwrap();
         assert_eq!(
             reserve(&c, &plan, users[10], 10).await,
             ReserveOutcome::Empty,
@@ -205,11 +254,56 @@ where
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(0));
     }
 
-    // activity state, epoch, rebuild.
+    // gates: only an open gate sells; newer intents win; releases and settles ignore the gate.
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan).await.unwrap();
+        c.warmup(&plan, &OPEN).await.unwrap();
+        let users = users_in(&plan, BucketNo(0), 3);
+        let a = reserved(reserve(&c, &plan, users[0], 1).await, "open gate");
+        assert_eq!(a.generation, 0, "stamped with the gate's generation");
+        let paused = intent(ActivityState::Paused, 2, 0);
+        assert_eq!(
+            c.set_gates(&plan, &paused).await.unwrap(),
+            vec![GateWrite::Applied; 2]
+        );
+        assert_eq!(
+            reserve(&c, &plan, users[1], 2).await,
+            ReserveOutcome::Gated(ActivityState::Paused),
+            "a paused gate refuses"
+        );
+        assert_eq!(
+            c.set_gates(&plan, &OPEN).await.unwrap(),
+            vec![GateWrite::Stale; 2],
+            "an older intent never overrides a newer one"
+        );
+        assert!(
+            c.release(&a, ReleaseKind::Unpublished).await.unwrap(),
+            "a release ignores the gate"
+        );
+        let closed = intent(ActivityState::Closed, 3, 0);
+        assert_eq!(
+            c.set_gates(&plan, &closed).await.unwrap(),
+            vec![GateWrite::Applied; 2]
+        );
+        c.warmup(&plan, &intent(ActivityState::Open, 9, 0)).await.unwrap();
+        assert_eq!(
+            reserve(&c, &plan, users[1], 3).await,
+            ReserveOutcome::Gated(ActivityState::Closed),
+            "warmup never rewrites an existing gate"
+        );
+        c.set_gates(&plan, &intent(ActivityState::Open, 4, 0))
+            .await
+            .unwrap();
+        reserved(reserve(&c, &plan, users[1], 4).await, "resumed");
+    }
+
+    // recovery: claim with a fence on Redis's clock, gates closed with it, fenced rebuild and
+    // reopen, finish; an intent written meanwhile is recorded and applied by the reopen.
+    {
+        let c = make().await;
+        let plan = fresh(6, 1, 0);
+        c.warmup(&plan, &OPEN).await.unwrap();
         let epoch = c.epoch().await.unwrap();
         assert_eq!(
             c.epoch().await.unwrap(),
@@ -222,21 +316,71 @@ where
             Some(epoch.as_str()),
             "warmup records the epoch"
         );
-        c.set_state(&plan, ActivityState::Paused, None).await.unwrap();
-        let meta = c.meta(plan.activity).await.unwrap().unwrap();
+        let users = users_in(&plan, BucketNo(0), 3);
+        let a = reserved(reserve(&c, &plan, users[0], 1).await, "before the recovery");
+
         assert_eq!(
-            (meta.state, meta.epoch.as_deref()),
-            (ActivityState::Paused, Some(epoch.as_str()))
+            c.claim(&plan, "f1", 60_000).await.unwrap(),
+            Claim::Claimed { previous: None }
         );
-        let users = users_in(&plan, BucketNo(0), 2);
-        let a = reserved(reserve(&c, &plan, users[0], 1).await, "before rebuild");
+        match c.claim(&plan, "f2", 60_000).await.unwrap() {
+            Claim::Busy { fence, ms_left } => {
+                assert_eq!(fence, "f1");
+                assert!(ms_left > 0 && ms_left <= 60_000, "{ms_left}");
+            }
+            other => panic!("a live claim is left alone: {other:?}"),
+        }
+        assert_eq!(
+            c.meta(plan.activity).await.unwrap().unwrap().claim.as_deref(),
+            Some("f1")
+        );
+        c.close_gates(&plan, "f1").await.unwrap();
+        assert_eq!(
+            reserve(&c, &plan, users[1], 2).await,
+            ReserveOutcome::Gated(ActivityState::Recovering),
+            "a recovering gate refuses"
+        );
+        let t = Transfer {
+            id: "t-r".into(),
+            from: BucketNo(0),
+            to: BucketNo(1),
+            units: 1,
+        };
+        assert!(
+            !c.take(&plan, &t).await.unwrap(),
+            "no transfer out of a recovering bucket"
+        );
+        let paused = intent(ActivityState::Paused, 2, 0);
+        assert_eq!(
+            c.set_gates(&plan, &paused).await.unwrap(),
+            vec![GateWrite::Recorded; 2],
+            "a pause during the recovery is recorded in the gates"
+        );
         let image = BucketImage {
             stock: 2,
             buyers: vec![users[1]],
+            held: vec![a.id],
             cancelled_released: vec![(a.id, 1)],
             ..Default::default()
         };
-        c.rebuild(&plan, BucketNo(0), &image).await.unwrap();
+        assert_eq!(
+            c.rebuild(&plan, BucketNo(0), "f2", &image).await.unwrap(),
+            Rebuilt::Fenced
+        );
+        let without = BucketImage {
+            held: vec![],
+            ..image.clone()
+        };
+        assert_eq!(
+            c.rebuild(&plan, BucketNo(0), "f1", &without).await.unwrap(),
+            Rebuilt::Open(a.id),
+            "an open reservation the ledger lacks is never deleted"
+        );
+        assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(5), "nothing written");
+        assert_eq!(
+            c.rebuild(&plan, BucketNo(0), "f1", &image).await.unwrap(),
+            Rebuilt::Done
+        );
         let b0 = &c.snapshot(&plan).await.unwrap().buckets[0];
         assert_eq!(
             (b0.stock, b0.buyers.clone(), b0.open.len()),
@@ -248,23 +392,83 @@ where
             !c.release(&a, ReleaseKind::Cancelled).await.unwrap(),
             "idempotent across a rebuild"
         );
+        let back = intent(ActivityState::Open, 1, 5);
+        assert!(
+            !c.reopen(&plan, BucketNo(0), "f2", &back).await.unwrap(),
+            "fenced reopen"
+        );
+        for b in plan.all_buckets() {
+            assert!(c.reopen(&plan, b, "f1", &back).await.unwrap());
+        }
+        let gate = c.snapshot(&plan).await.unwrap().buckets[0].gate.clone().unwrap();
         assert_eq!(
-            reserve(&c, &plan, users[1], 5).await,
+            (gate.state, gate.version, gate.generation, gate.fence),
+            (ActivityState::Paused, 2, 5, None),
+            "the newer intent (the pause) stands, with the new generation"
+        );
+        assert!(!c.renew(&plan, "f2", 1_000).await.unwrap());
+        assert!(
+            !c.finish(&plan, "f2", "e2").await.unwrap(),
+            "only the claim's holder finishes"
+        );
+        assert!(c.finish(&plan, "f1", "e2").await.unwrap());
+        let meta = c.meta(plan.activity).await.unwrap().unwrap();
+        assert_eq!((meta.claim, meta.epoch.as_deref()), (None, Some("e2")));
+        c.set_gates(&plan, &intent(ActivityState::Open, 3, 5))
+            .await
+            .unwrap();
+        let r = reserved(reserve(&c, &plan, users[2], 3).await, "reopened");
+        assert_eq!(r.generation, 5, "reservations carry the new generation");
+        assert_eq!(
+            reserve(&c, &plan, users[1], 4).await,
             ReserveOutcome::Duplicate,
             "marks rebuilt"
         );
-        c.set_state(&plan, ActivityState::Open, Some("e2")).await.unwrap();
+        // An expired claim is taken over (the deadline is Redis's TIME).
         assert_eq!(
-            c.meta(plan.activity).await.unwrap().unwrap().epoch.as_deref(),
-            Some("e2")
+            c.claim(&plan, "f3", 1).await.unwrap(),
+            Claim::Claimed { previous: None }
         );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert_eq!(
+            c.claim(&plan, "f4", 60_000).await.unwrap(),
+            Claim::Claimed {
+                previous: Some("f3".into())
+            },
+            "an expired claim is taken over"
+        );
+        assert!(
+            !c.renew(&plan, "f3", 1_000).await.unwrap(),
+            "the old holder has lost it"
+        );
+    }
+
+    // adopt: the reconciler takes an open reservation over; an unpublished release then refuses it.
+    {
+        let c = make().await;
+        let plan = fresh(6, 1, 0);
+        c.warmup(&plan, &OPEN).await.unwrap();
+        let users = users_in(&plan, BucketNo(0), 1);
+        let e = reserved(reserve(&c, &plan, users[0], 4).await, "e");
+        assert!(c.adopt(&e).await.unwrap(), "adopt an open reservation");
+        assert!(c.adopt(&e).await.unwrap(), "adopt is idempotent");
+        assert!(
+            !c.release(&e, ReleaseKind::Unpublished).await.unwrap(),
+            "an adopted reservation is not the purchase's to give back"
+        );
+        assert!(
+            c.snapshot(&plan).await.unwrap().buckets[0].open.contains(&e),
+            "still open, as it was"
+        );
+        assert!(c.settle(&e).await.unwrap());
+        assert!(!c.adopt(&e).await.unwrap(), "a settled reservation is not open");
     }
 
     // transfers: take / give / ack, each idempotent; a take never overdraws.
     {
         let c = make().await;
         let plan = fresh(10, 2, 0); // 5 + 5
-        c.warmup(&plan).await.unwrap();
+        c.warmup(&plan, &OPEN).await.unwrap();
         let t = Transfer {
             id: "t-1".into(),
             from: BucketNo(0),
@@ -305,7 +509,7 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan).await.unwrap();
+        c.warmup(&plan, &OPEN).await.unwrap();
         let users = users_in(&plan, BucketNo(0), 3);
         let a = reserved(reserve(&c, &plan, users[0], 1).await, "a");
         let b = reserved(reserve(&c, &plan, users[1], 2).await, "b");
@@ -366,6 +570,7 @@ fn events(a: u64, n: u128, buckets: u32) -> Vec<Reservation> {
             bucket: BucketNo((i % buckets as u128) as u32),
             qty: 1,
             reserved_at_ms: 0,
+            generation: 0,
         })
         .collect()
 }
@@ -508,6 +713,7 @@ where
         bucket: BucketNo(0),
         qty: 1,
         reserved_at_ms: 5,
+        generation: 0,
     };
 
     // one batch: created, redelivered inside the batch, duplicate buyer, unknown bucket
@@ -698,6 +904,7 @@ where
         bucket: BucketNo(1),
         qty: 1,
         reserved_at_ms: 5,
+        generation: 0,
     };
     assert_eq!(
         l.apply(std::slice::from_ref(&buyer)).await.unwrap(),

@@ -154,7 +154,10 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
     })?;
     let plan = StockPlan::new(&activity);
     ledger.install(&activity, &plan).await?;
-    cache.warmup(&plan).await?;
+    let registered = ledger.registry(id).await?.ok_or_else(|| {
+        crate::ports::PortError::determinate("demo", format!("activity {id} is not in the registry"))
+    })?;
+    cache.warmup(&plan, &registered.intent).await?;
 
     let service = PurchaseService::new(
         cache.clone(),
@@ -165,7 +168,7 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
         // so their generator is seeded by the activity as well as the seed.
         &mut StdRng::seed_from_u64(cfg.seed ^ id.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
     );
-    service.load_activity(activity.clone()).await?;
+    service.load_activity(&registered);
 
     let stop = Arc::new(AtomicBool::new(false));
     let source = bus.subscribe(ORDER_GROUP).await?;
@@ -205,11 +208,19 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
             }
         }
         if cfg.rebalance {
-            let moved = rebalance(cache, ledger, &plan, clock.now_ms(), &RebalanceConfig::default()).await?;
+            let moved = rebalance(
+                cache,
+                ledger,
+                &plan,
+                clock.now_ms(),
+                "demo",
+                &RebalanceConfig::default(),
+            )
+            .await?;
             report.transfers += moved.len() as u64;
             report.units_moved += moved.iter().map(|t| t.units).sum::<u64>();
             if !moved.is_empty() {
-                service.refresh_states().await;
+                service.refresh(ledger).await?;
             }
         }
     }

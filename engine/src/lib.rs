@@ -19,6 +19,7 @@ pub mod jobs;
 #[cfg(madsim)]
 pub mod planted;
 pub mod ports;
+pub mod roles;
 pub mod service;
 
 #[cfg(not(madsim))]

@@ -36,10 +36,20 @@ pub enum Bug {
     /// The reconciler reads the ledger before Redis (so a pass that races the consumer sees a
     /// difference that is not one) and "fixes" differences by resetting the bucket's Redis stock.
     ReconcilerResetsStock,
+    /// Warmup of an installed activity writes stock from the plan, even after orders exist.
+    WarmupFromPlan,
+    /// The rebuild drops the outbox: open reservations the ledger lacks are deleted, not rescued.
+    RebuildDropsOutbox,
+    /// The reopen returns to the intent read when the recovery began, over a later pause.
+    ReopenOverPause,
+    /// `reserve.lua` without its gate check.
+    GateNotChecked,
+    /// The ledger applies orders of any generation.
+    NoGenerationCheck,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 13] = [
+    pub const ALL: [Bug; 18] = [
         Bug::NonAtomicReserve,
         Bug::AckBeforeCommit,
         Bug::ReleaseToRoutedBucket,
@@ -53,6 +63,11 @@ impl Bug {
         Bug::RepublishWithFreshId,
         Bug::NonIdempotentGive,
         Bug::ReconcilerResetsStock,
+        Bug::WarmupFromPlan,
+        Bug::RebuildDropsOutbox,
+        Bug::ReopenOverPause,
+        Bug::GateNotChecked,
+        Bug::NoGenerationCheck,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +85,11 @@ impl Bug {
             Bug::RepublishWithFreshId => "republish_with_fresh_id",
             Bug::NonIdempotentGive => "non_idempotent_give",
             Bug::ReconcilerResetsStock => "reconciler_resets_stock",
+            Bug::WarmupFromPlan => "warmup_from_plan",
+            Bug::RebuildDropsOutbox => "rebuild_drops_outbox",
+            Bug::ReopenOverPause => "reopen_over_pause",
+            Bug::GateNotChecked => "gate_not_checked",
+            Bug::NoGenerationCheck => "no_generation_check",
         }
     }
 
@@ -92,4 +112,41 @@ pub fn plant(bug: Option<Bug>) {
 
 pub fn on(bug: Bug) -> bool {
     PLANTED.with(|p| p.get()) & (1 << bug as u32) != 0
+}
+
+thread_local! {
+    /// Fault points (stalls) enabled for runs on this thread: the xorshift state of their draws
+    /// (0: off). Seeded by the simulation, so a seed replays the same stalls.
+    static STALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Enable the fault points for runs on this thread, drawing from `seed` (`None`: off).
+pub fn enable_stalls(seed: Option<u64>) {
+    STALLS.with(|s| s.set(seed.map_or(0, |x| x | 1)));
+}
+
+fn draw() -> Option<u64> {
+    STALLS.with(|s| {
+        let mut x = s.get();
+        if x == 0 {
+            return None;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        Some(x)
+    })
+}
+
+/// A fault point at a dangerous window of engine code (DESIGN §9 v2): when the simulation
+/// enables them, one call in `one_in` stalls here for up to `max` — the process paused (GC,
+/// SIGSTOP, a slow VM) exactly where a stall hurts most.
+pub async fn stall(one_in: u64, max: std::time::Duration) {
+    let Some(x) = draw() else { return };
+    if x % one_in != 0 {
+        return;
+    }
+    let ms = (x >> 20) % (max.as_millis() as u64).max(1);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }

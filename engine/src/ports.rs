@@ -68,6 +68,9 @@ pub enum ReserveOutcome {
     Empty,
     /// The activity's stock keys are missing: not warmed, or lost with a Redis restart.
     NotWarmed,
+    /// The bucket's gate is not open (paused, closed, recovering; a missing gate is closed):
+    /// nothing was taken. The gate, not any engine's cache, is what enforces the state.
+    Gated(ActivityState),
 }
 
 /// Why units go back, which decides what happens to the buyer mark and to idempotency.
@@ -81,16 +84,81 @@ pub enum ReleaseKind {
     Cancelled,
 }
 
-/// `sk:{A}:meta` as read back.
+/// `sk:{A}:meta` as read back: the plan's shape, the epoch and the recovery claim (§11.2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetaView {
     pub version: String,
     pub buckets: u32,
-    pub state: ActivityState,
     /// The Redis run id at the last warmup or rebuild; `None` if never recorded.
     pub epoch: Option<String>,
     /// Rebalancing rounds so far (engines drop their sold-out flags when it changes).
     pub moves: u64,
+    /// The fence of a recovery that claimed the activity and has not finished (live or not).
+    pub claim: Option<String>,
+}
+
+/// The operator's intent as the registry holds it, with what every gate needs to apply it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    /// Open, paused or closed (never recovering: that is a gate's state, not an intent).
+    pub state: ActivityState,
+    /// Bumped by every change of intent: a gate never takes an older one over a newer one.
+    pub version: u64,
+    /// Bumped by every recovery: orders reserved under an older one are refused by the ledger.
+    pub generation: u64,
+}
+
+impl Intent {
+    /// A newly installed activity: open, version 1, generation 0.
+    pub const FIRST: Intent = Intent {
+        state: ActivityState::Open,
+        version: 1,
+        generation: 0,
+    };
+}
+
+/// One bucket's gate, `sk:{A.b}:gate`, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gate {
+    /// What `reserve.lua` obeys: only `Open` sells.
+    pub state: ActivityState,
+    /// The intent the gate holds (the reopen's target while recovering).
+    pub intent: ActivityState,
+    pub version: u64,
+    pub generation: u64,
+    /// The claim that closed it (recovering only).
+    pub fence: Option<String>,
+}
+
+/// What writing an intent to one gate did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateWrite {
+    Applied,
+    /// The gate is recovering: the intent is recorded there and the reopen applies it.
+    Recorded,
+    /// The gate already holds a newer intent.
+    Stale,
+    /// No gate (Redis lost it): the bucket sells nothing until recovery reopens it.
+    Missing,
+}
+
+/// What a recovery claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Claimed (`previous`: the expired claim taken over, if any).
+    Claimed { previous: Option<String> },
+    /// Another runner holds a live claim.
+    Busy { fence: String, ms_left: u64 },
+}
+
+/// What a fenced rebuild of one bucket did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rebuilt {
+    Done,
+    /// The gate does not carry this fence: another recovery owns the bucket now.
+    Fenced,
+    /// An open reservation the ledger does not hold is still in the outbox: nothing written.
+    Open(ReservationId),
 }
 
 /// A pending-fallback mark: the user's own bucket was empty and a fallback attempt started.
@@ -117,13 +185,17 @@ pub struct BucketImage {
     /// Users marked in this bucket: everyone who routes here and holds any order, and everyone
     /// whose order took a unit from here.
     pub buyers: Vec<UserId>,
+    /// The reservations of this bucket the ledger holds (any status): their outbox entries go.
+    /// Any other open reservation makes the rebuild refuse.
+    pub held: Vec<ReservationId>,
     /// Cancelled orders of this bucket whose units are already back (keeps `cancelled`
     /// releases idempotent across the rebuild).
     pub cancelled_released: Vec<(ReservationId, u32)>,
-    /// Units the ledger moved into / out of this bucket by transfers (kept in xfer so that
-    /// `stock + open + sold − in + out = initial` still holds after the rebuild).
-    pub transfers_in: u64,
-    pub transfers_out: u64,
+    /// The journal's transfers out of this bucket (kept as completed take + ack marks) and into
+    /// it (give marks): `stock + open + sold − in + out = initial` still holds after the rebuild,
+    /// and a transfer half done across it is never applied twice.
+    pub transfers_out: Vec<Transfer>,
+    pub transfers_in: Vec<Transfer>,
 }
 
 /// One bucket's keys as read back, for audit, invariants and the reconciler.
@@ -143,6 +215,8 @@ pub struct CacheBucket {
     pub cancelled_released: Vec<ReservationId>,
     /// Transfers taken from this bucket and not yet acknowledged (given and recorded everywhere).
     pub transfers_in_flight: Vec<Transfer>,
+    /// The bucket's gate; `None` when missing (closed).
+    pub gate: Option<Gate>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,8 +226,13 @@ pub struct CacheView {
 }
 
 pub trait StockCache: Clone + Send + Sync + 'static {
-    /// Install the plan; idempotent (a warm bucket is never refilled).
-    fn warmup(&self, plan: &StockPlan) -> impl Future<Output = PortResult<WarmupReport>> + Send;
+    /// Install the plan: stock keys, gates at `intent` (created only where missing), the meta
+    /// last. Idempotent (a warm bucket is never refilled, an existing gate never rewritten).
+    fn warmup(
+        &self,
+        plan: &StockPlan,
+        intent: &Intent,
+    ) -> impl Future<Output = PortResult<WarmupReport>> + Send;
 
     /// Reserve `qty` for `user` in its own bucket, else in the fallback (DESIGN §4).
     fn reserve(
@@ -176,14 +255,54 @@ pub trait StockCache: Clone + Send + Sync + 'static {
 
     fn meta(&self, activity: ActivityId) -> impl Future<Output = PortResult<Option<MetaView>>> + Send;
 
-    /// Set the activity's state (and, with `epoch`, record the Redis run id it is valid for);
-    /// recreates the meta hash if Redis lost it.
-    fn set_state(
+    /// Write the operator's intent to every gate (one script per bucket); one outcome per
+    /// bucket, fallback last. After it returns, a gate not `Applied` or `Stale` sells nothing.
+    fn set_gates(
         &self,
         plan: &StockPlan,
-        state: ActivityState,
-        epoch: Option<&str>,
-    ) -> impl Future<Output = PortResult<()>> + Send;
+        intent: &Intent,
+    ) -> impl Future<Output = PortResult<Vec<GateWrite>>> + Send;
+
+    /// Recovery step 2: claim the activity with `fence` for `lease_ms` of Redis's own time.
+    fn claim(
+        &self,
+        plan: &StockPlan,
+        fence: &str,
+        lease_ms: u64,
+    ) -> impl Future<Output = PortResult<Claim>> + Send;
+
+    /// Extend a held claim; `Ok(false)`: it is lost (expired and taken over).
+    fn renew(
+        &self,
+        plan: &StockPlan,
+        fence: &str,
+        lease_ms: u64,
+    ) -> impl Future<Output = PortResult<bool>> + Send;
+
+    /// Recovery step 3: close every gate with the fence (`recovering`).
+    fn close_gates(&self, plan: &StockPlan, fence: &str) -> impl Future<Output = PortResult<()>> + Send;
+
+    /// Recovery step 7, one bucket: reopen its gate to `intent` (or the newer intent the gate
+    /// holds) with the intent's generation. `Ok(false)`: the gate does not carry the fence.
+    fn reopen(
+        &self,
+        plan: &StockPlan,
+        bucket: BucketNo,
+        fence: &str,
+        intent: &Intent,
+    ) -> impl Future<Output = PortResult<bool>> + Send;
+
+    /// Recovery's end: drop the claim and record `epoch`. `Ok(false)`: the claim was lost.
+    fn finish(
+        &self,
+        plan: &StockPlan,
+        fence: &str,
+        epoch: &str,
+    ) -> impl Future<Output = PortResult<bool>> + Send;
+
+    /// The reconciler takes over an open reservation before republishing it; from then on the
+    /// purchase path's `Unpublished` release leaves it alone. `Ok(false)`: not open.
+    fn adopt(&self, r: &Reservation) -> impl Future<Output = PortResult<bool>> + Send;
 
     /// The Redis server's run id now: it changes whenever Redis restarts.
     fn epoch(&self) -> impl Future<Output = PortResult<String>> + Send;
@@ -208,13 +327,14 @@ pub trait StockCache: Clone + Send + Sync + 'static {
     /// Record that units moved (bumps `moves` in the meta): engines re-offer drained buckets.
     fn note_moves(&self, activity: ActivityId) -> impl Future<Output = PortResult<()>> + Send;
 
-    /// Replace one bucket's keys with `image` (recovery only: nothing may be in flight).
+    /// Replace one bucket's keys with `image`, only under the recovery's fence (§11.3 step 6).
     fn rebuild(
         &self,
         plan: &StockPlan,
         bucket: BucketNo,
+        fence: &str,
         image: &BucketImage,
-    ) -> impl Future<Output = PortResult<()>> + Send;
+    ) -> impl Future<Output = PortResult<Rebuilt>> + Send;
 
     fn snapshot(&self, plan: &StockPlan) -> impl Future<Output = PortResult<CacheView>> + Send;
 
@@ -282,6 +402,16 @@ pub enum ApplyOutcome {
     OutOfStock,
     /// The event names an activity or bucket the ledger does not have: nothing changed.
     UnknownBucket,
+    /// Reserved under a generation older than the registry's (a process paused past a recovery
+    /// published it): recorded as a failed order, the user can see it; no stock moves.
+    StaleGeneration,
+}
+
+/// An activity as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registered {
+    pub activity: Activity,
+    pub intent: Intent,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -368,6 +498,24 @@ pub trait Ledger: Clone + Send + Sync + 'static {
 
     /// The activity as installed.
     fn activity(&self, id: ActivityId) -> impl Future<Output = PortResult<Option<Activity>>> + Send;
+
+    /// The registry row (§11.2): the activity, the operator's intent and the generation.
+    fn registry(&self, id: ActivityId) -> impl Future<Output = PortResult<Option<Registered>>> + Send;
+
+    /// Every installed activity's registry row: what every API process loads and polls.
+    fn registered(&self) -> impl Future<Output = PortResult<Vec<Registered>>> + Send;
+
+    /// Record the operator's intent (open, paused or closed); bumps the version. `Ok(None)`:
+    /// no such activity.
+    fn set_intent(
+        &self,
+        id: ActivityId,
+        state: ActivityState,
+    ) -> impl Future<Output = PortResult<Option<Intent>>> + Send;
+
+    /// Recovery step 6: bump the activity's generation; from now on `apply` refuses orders
+    /// reserved under an older one. Returns the registry's intent with the new generation.
+    fn bump_generation(&self, id: ActivityId) -> impl Future<Output = PortResult<Intent>> + Send;
 
     /// Move `t.units` of ledger stock between buckets with two `transfer` journal rows; idempotent
     /// by transfer id (`Ok(false)`: already done). The source must have the units, and differ

@@ -92,6 +92,10 @@ pub enum Invariant {
     R1Reconciled,
     L1QueuedResolved,
     L2BoundedUndersell,
+    /// S5: after a pause or close returned, no reserve answers "reserved" until a resume is
+    /// issued (DESIGN §11.2), whatever process the request reached — checked against the
+    /// clients' own history.
+    S5PauseHolds,
 }
 
 impl Invariant {
@@ -104,6 +108,7 @@ impl Invariant {
             Invariant::R1Reconciled => "R1",
             Invariant::L1QueuedResolved => "L1",
             Invariant::L2BoundedUndersell => "L2",
+            Invariant::S5PauseHolds => "S5",
         }
     }
 }
@@ -118,6 +123,7 @@ impl fmt::Display for Invariant {
             Invariant::R1Reconciled => "reconciliation",
             Invariant::L1QueuedResolved => "every queued request resolved",
             Invariant::L2BoundedUndersell => "bounded undersell",
+            Invariant::S5PauseHolds => "a pause or close holds everywhere",
         };
         write!(f, "{} {}", self.code(), name)
     }

@@ -10,8 +10,10 @@ use rand::SeedableRng;
 use seckill_engine::adapters::script::ScriptedStockCache;
 use seckill_engine::clock::Clock;
 use seckill_engine::domain::{Activity, StockPlan};
+use seckill_engine::jobs::{RebalanceConfig, ReconcileConfig, Recovery, RecoveryConfig};
 use seckill_engine::ports::Ledger;
-use seckill_engine::service::{order_status, OrderConsumer, PurchaseConfig, PurchaseService};
+use seckill_engine::roles::{self, ActivityPass, JobsConfig};
+use seckill_engine::service::order_status;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +21,7 @@ use std::time::Duration;
 /// The consumer group every consumer node joins.
 pub const GROUP: &str = "seckill-orders";
 /// How often engines re-read the activity state.
-pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
+pub const REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// How often the jobs node runs recovery check, reconciler and payment timeout.
 const JOBS_EVERY: Duration = Duration::from_millis(100);
 
@@ -33,6 +35,21 @@ pub struct EngineParams {
     pub wall_ms: u64,
 }
 
+/// The recovery of the simulation's jobs (and of warmups through an API node). The publish window
+/// is longer than a whole publish: a record whose ack was lost still lands up to
+/// `LATE_APPEND_MAX` later. At 500 ms (less than that window) a record appended after the drain
+/// reached the ledger after the rebuild had read it, and Redis stayed a unit over for good
+/// (chaos, seed 50446).
+pub fn recovery() -> RecoveryConfig {
+    RecoveryConfig {
+        quiesce: crate::stores::LATE_APPEND_MAX + Duration::from_millis(200),
+        drain_timeout: Duration::from_secs(5),
+        group: GROUP.to_string(),
+        lease: Duration::from_secs(3),
+    }
+}
+
+/// An API node: the production `api` role (`roles::api_role`), driven over simulated RPC.
 pub async fn engine_main(p: EngineParams) {
     let ep = Arc::new(Endpoint::bind(p.addr).await.expect("bind engine"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
@@ -40,80 +57,95 @@ pub async fn engine_main(p: EngineParams) {
     let ledger = SimLedger::new(ep.clone());
     let clock = Clock::new(p.wall_ms, tokio::time::Instant::now());
     let mut rng = rand::rngs::StdRng::seed_from_u64(thread_rng().gen());
-    let service = PurchaseService::new(cache.clone(), bus, clock, PurchaseConfig::default(), &mut rng);
-    // Until Redis answers with the warmed meta, this engine serves nothing.
-    while service.load_activity(p.activity.clone()).await.is_err() {
+    let role = Arc::new(roles::api_role(cache, bus, ledger, clock, recovery(), &mut rng));
+    let activity = p.activity.id();
+    // Until the registry and Redis answer, this node serves nothing.
+    while role.refresh().await.is_err() || role.service.activity(activity).is_none() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let activity = p.activity.id();
     let plan = StockPlan::new(&p.activity);
-    // Pause / resume / recovery reach this engine through its state refresher.
-    let refresher = service.clone();
+    // Pause / resume / recovery reach this node through its refresher (the gates enforce them
+    // whatever the refresher has seen).
+    let refresher = role.clone();
     madsim::task::spawn(async move { refresher.run_refresher(REFRESH_EVERY).await });
 
-    let s = service.clone();
+    let r = role.clone();
     rpc::serve(&ep, move |req: rpc::Purchase| {
-        let s = s.clone();
-        async move { s.purchase(activity, req.user, 1).await.map_err(|e| e.to_string()) }
-    });
-    let (c, l) = (cache.clone(), ledger.clone());
-    rpc::serve(&ep, move |req: rpc::Status| {
-        let (c, l, plan) = (c.clone(), l.clone(), plan.clone());
+        let r = r.clone();
         async move {
-            order_status(&c, &l, &plan, req.user)
+            r.service
+                .purchase(activity, req.user, 1)
                 .await
                 .map_err(|e| e.to_string())
         }
     });
+    let r = role.clone();
+    rpc::serve(&ep, move |req: rpc::Status| {
+        let (r, plan) = (r.clone(), plan.clone());
+        async move {
+            order_status(&r.cache, &r.ledger, &plan, req.user)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    });
+    let r = role.clone();
     rpc::serve(&ep, move |req: rpc::PayOrder| {
-        let l = ledger.clone();
-        async move { l.pay(req.id).await.map_err(|e| e.to_string()) }
+        let r = r.clone();
+        async move { r.ledger.pay(req.id).await.map_err(|e| e.to_string()) }
+    });
+    let r = role.clone();
+    rpc::serve(&ep, move |_: rpc::Warmup| {
+        let r = r.clone();
+        async move {
+            r.warmup(activity)
+                .await
+                .map(|w| format!("{w:?}"))
+                .map_err(|e| e.to_string())
+        }
+    });
+    let r = role;
+    rpc::serve(&ep, move |req: rpc::Operate| {
+        let r = r.clone();
+        async move {
+            r.set_intent(activity, req.state)
+                .await
+                .map(|(intent, _)| intent)
+                .map_err(|e| e.to_string())
+        }
     });
     std::future::pending::<()>().await;
 }
 
-/// The jobs node: every `JOBS_EVERY`, recovery if Redis restarted, then a reconciler pass and
-/// the payment timeout; beside them, the rebalancer on its own schedule. What they did is traced; a difference the reconciler cannot explain is
-/// counted as `reconciler_difference`.
-pub async fn jobs_main(
-    addr: SocketAddr,
-    activity: Activity,
-    partitions: u32,
-    faults: Arc<crate::faults::Faults>,
-) {
-    use seckill_engine::jobs::{
-        cancel_unpaid, rebalance, reconcile, recover_if_needed, RebalanceConfig, ReconcileConfig,
-        RecoveryConfig,
-    };
+/// A jobs node: the production `jobs` role (`roles::jobs_role`). Every `JOBS_EVERY` a pass —
+/// recovery if needed, a reconciler pass, the payment timeout — and beside it the rebalancer on
+/// its own schedule. What they did is traced; a difference the reconciler cannot explain is
+/// traced as `reconciler: …`.
+pub async fn jobs_main(addr: SocketAddr, index: usize, partitions: u32, faults: Arc<crate::faults::Faults>) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind jobs"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
     let ledger = SimLedger::new(ep.clone());
     let bus = SimBus::new(ep, partitions);
-    let plan = StockPlan::new(&activity);
     let clock = Clock::new(crate::SIM_EPOCH_MS, tokio::time::Instant::now());
-    let recovery = RecoveryConfig {
-        // Longer than the whole publish window: engines see `recovering` within a refresh, and
-        // a record whose ack was lost still lands up to LATE_APPEND_MAX later. At 500 ms (less
-        // than that window) a record appended after the drain reached the ledger after the
-        // rebuild had read it, and Redis stayed a unit over for good (chaos, seed 50446).
-        quiesce: REFRESH_EVERY + crate::stores::LATE_APPEND_MAX + Duration::from_millis(100),
-        drain_timeout: Duration::from_secs(5),
-        group: GROUP.to_string(),
+    let config = JobsConfig {
+        recovery: recovery(),
+        reconcile: ReconcileConfig {
+            republish_after_ms: 1_000,
+            pending_after_ms: 1_000,
+        },
+        rebalance: RebalanceConfig::default(),
     };
-    let reconcile_cfg = ReconcileConfig {
-        republish_after_ms: 1_000,
-        pending_after_ms: 1_000,
-    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(thread_rng().gen());
+    let role = Arc::new(roles::jobs_role(cache, bus, ledger, clock, config, &mut rng));
+    let name = format!("jobs-{index}");
     // The rebalancer runs on its own schedule, as it would in its own process: the reconciler
     // may meet a transfer mid-flight and finish it concurrently (every step is idempotent).
-    let (c, l, p, f) = (cache.clone(), ledger.clone(), plan.clone(), faults.clone());
+    let (r, f, n) = (role.clone(), faults.clone(), name.clone());
     madsim::task::spawn(async move {
         loop {
             tokio::time::sleep(JOBS_EVERY).await;
-            let moved = rebalance(&c, &l, &p, clock.now_ms(), &RebalanceConfig::default()).await;
-            for t in moved.unwrap_or_default() {
+            for (_, t) in r.rebalance().await.unwrap_or_default() {
                 f.event(format!(
-                    "rebalanced {} units from bucket {} to {}",
+                    "{n}: rebalanced {} units from bucket {} to {}",
                     t.units, t.from, t.to
                 ));
             }
@@ -121,24 +153,37 @@ pub async fn jobs_main(
     });
     loop {
         tokio::time::sleep(JOBS_EVERY).await;
-        match recover_if_needed(&cache, &ledger, &bus, &plan, &recovery).await {
-            Ok(Some(r)) => faults.event(format!(
-                "recovered: {} units, {} buyer marks rebuilt",
-                r.stock, r.buyers
-            )),
-            Ok(None) => {}
-            // The other jobs check the activity state themselves: they go on.
-            Err(e) => faults.event(format!("recovery: {e}")),
+        let passes = match role.pass().await {
+            Ok(p) => p,
+            Err(e) => {
+                faults.event(format!("{name}: registry: {e}"));
+                continue;
+            }
+        };
+        for pass in passes {
+            trace_pass(&faults, &name, pass);
         }
-        let pass = reconcile(&cache, &ledger, &bus, &plan, clock.now_ms(), &reconcile_cfg).await;
-        if let Err(e) = &pass {
-            faults.event(format!("reconciler: {e}"));
-        }
-        if let Ok(r) = pass {
+    }
+}
+
+fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
+    match pass.recovery {
+        Ok(Recovery::Recovered(r)) => faults.event(format!(
+            "{name}: recovered ({}): {} units, {} buyer marks, {} rescued, generation {}",
+            r.cause, r.stock, r.buyers, r.rescued, r.generation
+        )),
+        Ok(Recovery::Busy(b)) => faults.event(format!("{name}: recovery busy: claim {} holds", b.fence)),
+        Ok(Recovery::NotNeeded) => {}
+        // The other jobs check the gates themselves: they go on.
+        Err(e) => faults.event(format!("{name}: recovery: {e}")),
+    }
+    match pass.reconcile {
+        Err(e) => faults.event(format!("{name}: reconciler: {e}")),
+        Ok(r) => {
             let acted = r.settled + r.republished + r.pending_kept + r.pending_cleared;
             if acted + r.cancels_released + r.transfers_finished > 0 {
                 faults.event(format!(
-                    "reconciler: settled {} republished {} pending {}/{} cancels {} transfers {}",
+                    "{name}: reconciler: settled {} republished {} pending {}/{} cancels {} transfers {}",
                     r.settled,
                     r.republished,
                     r.pending_kept,
@@ -148,19 +193,19 @@ pub async fn jobs_main(
                 ));
             }
             for d in &r.differences {
-                faults.event(format!("reconciler: {d}"));
+                faults.event(format!("{name}: reconciler: {d}"));
             }
         }
-        match cancel_unpaid(&cache, &ledger, &plan, clock.now_ms()).await {
-            Ok(0) => {}
-            Ok(n) => faults.event(format!("payment timeout: {n} orders cancelled")),
-            Err(e) => faults.event(format!("payment timeout: {e}")),
-        }
+    }
+    match pass.cancelled {
+        Ok(0) => {}
+        Ok(n) => faults.event(format!("{name}: payment timeout: {n} orders cancelled")),
+        Err(e) => faults.event(format!("{name}: payment timeout: {e}")),
     }
 }
 
-/// A consumer node: the real `OrderConsumer`, batch after batch; a failed batch is traced
-/// (it is redelivered: nothing was committed) and retried after a short pause.
+/// A worker node: the production `worker` role (`roles::worker_role`), batch after batch; a
+/// failed batch is traced (it is redelivered: nothing was committed) and retried after a pause.
 pub async fn consumer_main(
     addr: SocketAddr,
     index: u32,
@@ -172,10 +217,9 @@ pub async fn consumer_main(
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind consumer"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
     let bus = SimBus::new(ep.clone(), partitions).member(index, of);
-    let source = seckill_engine::ports::OrderBus::subscribe(&bus, GROUP)
+    let mut consumer = roles::worker_role(cache, &bus, SimLedger::new(ep), GROUP, batch)
         .await
         .expect("static membership cannot fail");
-    let mut consumer = OrderConsumer::new(SimLedger::new(ep), cache, source, batch);
     loop {
         if let Err(e) = consumer.run_once().await {
             faults.event(format!("consumer-{index}: batch failed: {e}"));

@@ -4,9 +4,9 @@
 use madsim::net::rpc::Request;
 use madsim::net::Endpoint;
 use seckill_engine::adapters::script::Reply;
-use seckill_engine::domain::{ActivityId, ActivitySpec, Reservation, ReservationId, UserId};
+use seckill_engine::domain::{ActivityId, ActivitySpec, ActivityState, Reservation, ReservationId, UserId};
 use seckill_engine::ports::{
-    ApplyOutcome, Delivery, LedgerView, OrderRow, PayOutcome, PortError, ReconcileView,
+    ApplyOutcome, Delivery, Intent, LedgerView, OrderRow, PayOutcome, PortError, ReconcileView, Registered,
 };
 use seckill_engine::service::{PurchaseOutcome, StatusView};
 use serde::{Deserialize, Serialize};
@@ -130,6 +130,29 @@ pub struct Snapshot {
 request!(Snapshot => Result<LedgerView, PortError>, 0x5e15);
 
 #[derive(Serialize, Deserialize)]
+pub struct RegistryOf {
+    pub id: ActivityId,
+}
+request!(RegistryOf => Result<Option<Registered>, PortError>, 0x5e1b);
+
+#[derive(Serialize, Deserialize)]
+pub struct RegisteredAll;
+request!(RegisteredAll => Result<Vec<Registered>, PortError>, 0x5e1c);
+
+#[derive(Serialize, Deserialize)]
+pub struct SetIntent {
+    pub id: ActivityId,
+    pub state: ActivityState,
+}
+request!(SetIntent => Result<Option<Intent>, PortError>, 0x5e1d);
+
+#[derive(Serialize, Deserialize)]
+pub struct BumpGeneration {
+    pub id: ActivityId,
+}
+request!(BumpGeneration => Result<Intent, PortError>, 0x5e1e);
+
+#[derive(Serialize, Deserialize)]
 pub struct ReconcileRead {
     pub activity: ActivityId,
     pub mentioned: BTreeSet<ReservationId>,
@@ -200,6 +223,18 @@ pub struct PayOrder {
 }
 request!(PayOrder => Result<PayOutcome, String>, 0x5e33);
 
+/// The operator's pause / resume / close, through one API node (it acts for all of them).
+#[derive(Serialize, Deserialize)]
+pub struct Operate {
+    pub state: ActivityState,
+}
+request!(Operate => Result<Intent, String>, 0x5e34);
+
+/// The operator's warmup through one API node: what it did.
+#[derive(Serialize, Deserialize)]
+pub struct Warmup;
+request!(Warmup => Result<String, String>, 0x5e35);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +256,10 @@ mod tests {
             OrderOf::ID,
             Snapshot::ID,
             ReconcileRead::ID,
+            RegistryOf::ID,
+            RegisteredAll::ID,
+            SetIntent::ID,
+            BumpGeneration::ID,
             Produce::ID,
             Fetch::ID,
             Commit::ID,
@@ -230,6 +269,8 @@ mod tests {
             Purchase::ID,
             Status::ID,
             PayOrder::ID,
+            Operate::ID,
+            Warmup::ID,
         ];
         let distinct: std::collections::BTreeSet<u64> = ids.iter().copied().collect();
         assert_eq!(distinct.len(), ids.len(), "{ids:x?}");

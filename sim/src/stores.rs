@@ -11,10 +11,12 @@ use madsim::net::Endpoint;
 use madsim::rand::Rng;
 use seckill_engine::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
 use seckill_engine::adapters::script::{Reply, ScriptConn};
-use seckill_engine::domain::{Activity, ActivityId, Reservation, ReservationId, StockPlan, UserId};
+use seckill_engine::domain::{
+    Activity, ActivityId, ActivityState, Reservation, ReservationId, StockPlan, UserId,
+};
 use seckill_engine::ports::{
-    ApplyOutcome, Delivery, Ledger, LedgerView, OrderBus, OrderRow, OrderSource, PayOutcome, PortError,
-    PortResult, ReconcileView,
+    ApplyOutcome, Delivery, Intent, Ledger, LedgerView, OrderBus, OrderRow, OrderSource, PayOutcome,
+    PortError, PortResult, ReconcileView, Registered,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -83,7 +85,26 @@ pub struct RedisStore {
     aof: Mutex<Keyspace>,
     aof_window: Duration,
     starts: AtomicU64,
+    /// Reservations open in Redis when it restarted and not in what it came back with: the
+    /// outbox entries a restart lost (the exact account L1 excuses, and nothing else).
+    pub lost_outbox: Mutex<BTreeSet<String>>,
     _alive: Alive,
+}
+
+/// Every open reservation id in a keyspace (the `resv` hashes' fields, pending marks aside).
+fn outbox(ks: &Keyspace) -> BTreeSet<String> {
+    use seckill_engine::adapters::embedded::Value;
+    ks.iter()
+        .filter(|(k, _)| k.ends_with(b":resv"))
+        .flat_map(|(_, v)| match v {
+            Value::Hash(h) => h
+                .keys()
+                .filter(|f| !f.starts_with(b"pending:"))
+                .map(|f| String::from_utf8_lossy(f).into_owned())
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect()
 }
 
 impl RedisStore {
@@ -98,6 +119,7 @@ impl RedisStore {
             aof: Mutex::new(Keyspace::new()),
             aof_window,
             starts: AtomicU64::new(0),
+            lost_outbox: Mutex::default(),
             _alive: Alive::new(),
         }
     }
@@ -110,11 +132,18 @@ impl RedisStore {
 /// The Redis node's main: runs on every (re)start of the node.
 pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
     if store.starts.fetch_add(1, Ordering::SeqCst) > 0 {
+        let before = store.model.read(outbox);
         let mode = *store.restart_mode.lock().expect("mode");
         match mode {
             Persistence::Volatile => store.model.flush_all(),
             Persistence::Aof { .. } => store.model.restore(store.aof.lock().expect("aof").clone()),
         }
+        let after = store.model.read(outbox);
+        store
+            .lost_outbox
+            .lock()
+            .expect("lost outbox")
+            .extend(before.difference(&after).cloned());
     }
     let ep = Endpoint::bind(addr(rpc::REDIS)).await.expect("bind redis");
     // Redis executes one command at a time: a slow script blocks everyone behind it.
@@ -201,7 +230,15 @@ impl ScriptConn for SimRedis {
 // MySQL
 
 /// The ledger node's main. The ledger itself is durable: it lives in the world, not the node.
-pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
+/// What the ledger did that the checker needs the time of: orders it refused for an older
+/// generation, and generation bumps (sim time since the world started).
+#[derive(Default)]
+pub struct LedgerLog {
+    pub stale: Mutex<Vec<(Duration, ReservationId)>>,
+    pub bumps: Mutex<Vec<Duration>>,
+}
+
+pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<LedgerLog>) {
     let ep = Endpoint::bind(addr(rpc::MYSQL)).await.expect("bind mysql");
     let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::Install| {
@@ -212,9 +249,9 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
             l.install(&activity, &StockPlan::new(&activity)).await
         }
     });
-    let (l, f) = (ledger.clone(), faults.clone());
+    let (l, f, g) = (ledger.clone(), faults.clone(), log.clone());
     rpc::serve(&ep, move |req: rpc::Apply| {
-        let (l, f) = (l.clone(), f.clone());
+        let (l, f, log) = (l.clone(), f.clone(), g.clone());
         async move {
             let knobs = f.knobs();
             if chance(knobs.ledger_conn_loss) {
@@ -231,6 +268,15 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
                 ));
             }
             let out = l.apply(&req.batch).await;
+            if let Ok(outcomes) = &out {
+                let stale = req
+                    .batch
+                    .iter()
+                    .zip(outcomes)
+                    .filter(|(_, o)| **o == ApplyOutcome::StaleGeneration)
+                    .map(|(r, _)| (f.elapsed(), r.id));
+                log.stale.lock().expect("ledger log").extend(stale);
+            }
             if chance(knobs.ledger_commit_unknown) {
                 f.fired("ledger_commit_unknown");
                 return Err(PortError::indeterminate("apply", "connection lost during COMMIT"));
@@ -267,6 +313,31 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>) {
     rpc::serve(&ep, move |req: rpc::OrderOf| {
         let l = l.clone();
         async move { l.order_of(req.activity, req.user).await }
+    });
+    let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::RegistryOf| {
+        let l = l.clone();
+        async move { l.registry(req.id).await }
+    });
+    let l = ledger.clone();
+    rpc::serve(&ep, move |_: rpc::RegisteredAll| {
+        let l = l.clone();
+        async move { l.registered().await }
+    });
+    let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::SetIntent| {
+        let l = l.clone();
+        async move { l.set_intent(req.id, req.state).await }
+    });
+    let l = ledger.clone();
+    let (f, g) = (faults.clone(), log.clone());
+    rpc::serve(&ep, move |req: rpc::BumpGeneration| {
+        let (l, f, log) = (l.clone(), f.clone(), g.clone());
+        async move {
+            let out = l.bump_generation(req.id).await;
+            log.bumps.lock().expect("ledger log").push(f.elapsed());
+            out
+        }
     });
     let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::ReconcileRead| {
@@ -363,6 +434,22 @@ impl Ledger for SimLedger {
         let mentioned = mentioned.clone();
         self.call("reconcile view", rpc::ReconcileRead { activity, mentioned })
             .await
+    }
+
+    async fn registry(&self, id: ActivityId) -> PortResult<Option<Registered>> {
+        self.call("registry", rpc::RegistryOf { id }).await
+    }
+
+    async fn registered(&self) -> PortResult<Vec<Registered>> {
+        self.call("registry", rpc::RegisteredAll).await
+    }
+
+    async fn set_intent(&self, id: ActivityId, state: ActivityState) -> PortResult<Option<Intent>> {
+        self.call("set intent", rpc::SetIntent { id, state }).await
+    }
+
+    async fn bump_generation(&self, id: ActivityId) -> PortResult<Intent> {
+        self.call("bump generation", rpc::BumpGeneration { id }).await
     }
 }
 

@@ -10,7 +10,7 @@
 use crate::faults::Faults;
 use crate::nodes::{consumer_main, engine_main, EngineParams, GROUP};
 use crate::rpc::{self, engine_addr};
-use crate::stores::{serve_kafka, serve_ledger, serve_redis, KafkaLog, Persistence, RedisStore};
+use crate::stores::{serve_kafka, serve_ledger, serve_redis, KafkaLog, LedgerLog, Persistence, RedisStore};
 use crate::SIM_EPOCH_MS;
 use madsim::net::{Endpoint, NetSim};
 use madsim::rand::{thread_rng, Rng};
@@ -18,7 +18,9 @@ use madsim::runtime::{Handle, NodeHandle};
 use rand::SeedableRng;
 use seckill_engine::adapters::embedded::{EmbeddedLedger, EmbeddedRedis, RedisModel};
 use seckill_engine::adapters::script::ScriptedStockCache;
-use seckill_engine::domain::{Activity, ActivityId, ActivitySpec, BucketRouter, StockPlan, UserId};
+use seckill_engine::domain::{
+    Activity, ActivityId, ActivitySpec, ActivityState, BucketRouter, StockPlan, UserId,
+};
 use seckill_engine::planted::{self, Bug};
 use seckill_engine::ports::{CacheView, Ledger, PayOutcome, StockCache};
 use seckill_engine::service::{audit, OrderState, PurchaseOutcome};
@@ -31,6 +33,9 @@ use std::time::Duration;
 
 pub const ACTIVITY: ActivityId = ActivityId(1);
 const PARTITIONS: u32 = 4;
+/// Job runners racing over the activity (each runs recovery, reconciler, payment timeout and
+/// rebalancer), as production runs several.
+const JOBS_NODES: usize = 2;
 /// How often the checker looks during the sale and settle (simulated time).
 const CHECK_EVERY: Duration = Duration::from_millis(25);
 /// Settle gives up after this long (simulated): then the bus never drained.
@@ -60,6 +65,16 @@ pub enum Scenario {
     /// Demand barely above stock and crowded onto a few buckets, every order paid, the jobs
     /// node crashing now and then: only rebalancing sells the cold buckets' units (L2).
     Skewed,
+    /// The operator at work: pause, resume and close through random API nodes while API and
+    /// jobs nodes crash and Redis loses everything (so recoveries run during pauses). S5: after
+    /// a pause or close returned, no request is answered "queued" until a resume is issued.
+    Operator,
+    /// Redis loses everything, every API node restarts, and the operator calls warmup through
+    /// one of them — the sequence the README prescribes — while records go missing.
+    FullLossRestart,
+    /// Both job runners detect the same losses; runners are paused past their claim's lease
+    /// and API nodes past the delivery timeout (they wake up as zombies), and crash.
+    CompetingRecoveries,
 }
 
 /// Every fault type the nemesis knows (DESIGN §9).
@@ -85,6 +100,14 @@ enum Fault {
     EngineCrash,
     ClockSkew,
     PacketLoss,
+    /// The operator pauses (or closes) through one API node, and later resumes through another.
+    OperatorPause,
+    /// Redis restarts empty, every API node restarts, the operator warms the activity up.
+    FullLossRestart,
+    /// An API node stops (SIGSTOP-like) past the delivery timeout, then goes on where it was.
+    EnginePause,
+    /// A jobs node stops past its recovery claim's lease, then goes on where it was.
+    JobsPause,
 }
 
 // Unknown commits and crashes weigh double: they are what redeliver records mid-stream.
@@ -166,6 +189,30 @@ impl Scenario {
             Scenario::Skewed => &[Fault::JobsCrash],
             Scenario::Rebalancing => &[Fault::JobsCrash, Fault::RedisSlowScript, Fault::RedisLatency],
             Scenario::LostRecords => &[Fault::MqLoseAfterAck, Fault::MqAckLost],
+            Scenario::Operator => &[
+                Fault::OperatorPause,
+                Fault::OperatorPause,
+                Fault::OperatorPause,
+                Fault::EngineCrash,
+                Fault::JobsCrash,
+                Fault::RedisRestartVolatile,
+            ],
+            Scenario::FullLossRestart => &[Fault::FullLossRestart, Fault::EnginePause, Fault::MqAckLost],
+            // Records lost after their ack weigh triple: what a recovery must rescue from the
+            // outbox (the reconciler, which would republish them, stands aside while it runs).
+            Scenario::CompetingRecoveries => &[
+                Fault::RedisRestartAof,
+                Fault::RedisRestartAof,
+                Fault::RedisRestartVolatile,
+                Fault::JobsPause,
+                Fault::JobsPause,
+                Fault::JobsCrash,
+                Fault::EnginePause,
+                Fault::MqAckLost,
+                Fault::MqLoseAfterAck,
+                Fault::MqLoseAfterAck,
+                Fault::MqLoseAfterAck,
+            ],
         }
     }
 
@@ -174,6 +221,9 @@ impl Scenario {
         match self {
             Scenario::Skewed => 300..900,
             Scenario::Rebalancing => 100..300,
+            Scenario::FullLossRestart => 100..300,
+            Scenario::CompetingRecoveries => 50..200,
+            Scenario::Operator => 30..150,
             _ => 20..120,
         }
     }
@@ -210,6 +260,9 @@ impl Scenario {
             Bug::RepublishWithFreshId => (Scenario::LostRecords, true),
             Bug::NonIdempotentGive => (Scenario::Rebalancing, true),
             Bug::ReconcilerResetsStock => (Scenario::ConsumerFaults, true),
+            Bug::GateNotChecked | Bug::ReopenOverPause => (Scenario::Operator, true),
+            Bug::WarmupFromPlan => (Scenario::FullLossRestart, true),
+            Bug::RebuildDropsOutbox | Bug::NoGenerationCheck => (Scenario::CompetingRecoveries, true),
         }
     }
 }
@@ -276,7 +329,12 @@ impl SimConfig {
     pub fn new(seed: u64, scenario: Scenario, size: Size) -> Self {
         // Skewed demand: nine in ten users crowd a few buckets, every order is paid and a buyer
         // told "sold out" keeps trying, so only rebalancing sells the cold buckets' units (L2).
-        let crowded = matches!(scenario, Scenario::Skewed | Scenario::Rebalancing);
+        // The operator's scenario has it too: units go on selling through the whole sale, so a
+        // pause always meets buyers who would get one.
+        let crowded = matches!(
+            scenario,
+            Scenario::Skewed | Scenario::Rebalancing | Scenario::Operator
+        );
         let (users, stock, buckets, sale_ms) = match (size, crowded) {
             (Size::Standard, _) => (10_000, 1_000, 16, 2_000),
             // 200 users for 120 units at the small size: demand barely above stock.
@@ -295,7 +353,7 @@ impl SimConfig {
             fallback_pct: 20,
             clicks_per_user: 3,
             skew: if crowded { 0.9 } else { 0.3 },
-            engines: 2,
+            engines: 3,
             consumers: 2,
             clients: 4,
             sale_ms,
@@ -374,6 +432,9 @@ pub struct RunReport {
 #[derive(Default)]
 struct History {
     queued: Vec<String>,
+    /// Whose each queued reservation is, and when its client heard "queued".
+    queued_users: BTreeMap<String, UserId>,
+    queued_at: BTreeMap<String, Duration>,
     confirmed: Vec<String>,
     outcomes: BTreeMap<String, u64>,
 }
@@ -398,7 +459,9 @@ impl GodView {
     /// copies of ten thousand buyers, forty times a simulated second, were most of a run's time).
     fn raw_redis(&self) -> CacheView {
         use seckill_engine::adapters::embedded::Value;
-        use seckill_engine::adapters::script::{buyers_key, decode_bucket, resv_key, stock_key, xfer_key};
+        use seckill_engine::adapters::script::{
+            buyers_key, decode_bucket, gate_key, resv_key, stock_key, xfer_key,
+        };
         fn text(b: &[u8]) -> &str {
             std::str::from_utf8(b).expect("the scripts write text")
         }
@@ -423,7 +486,12 @@ impl GodView {
                         Some(other) => panic!("bucket {b}: a hash holds {other:?}"),
                     };
                     let (resv, xfer) = (hash(resv_key(ACTIVITY, b)), hash(xfer_key(ACTIVITY, b)));
-                    decode_bucket(&self.plan, b, stock, buyers, resv, xfer)
+                    let gate = match get(gate_key(ACTIVITY, b)) {
+                        Some(Value::Str(s)) => Some(text(s)),
+                        None => None,
+                        Some(other) => panic!("bucket {b}: gate holds {other:?}"),
+                    };
+                    decode_bucket(&self.plan, b, stock, buyers, resv, xfer, gate)
                         .unwrap_or_else(|e| panic!("the god view cannot read Redis: {e}"))
                 })
                 .collect()
@@ -450,9 +518,18 @@ struct World {
     redis_node: NodeHandle,
     mysql_node: NodeHandle,
     kafka_node: NodeHandle,
-    jobs_node: NodeHandle,
+    jobs_nodes: Vec<NodeHandle>,
     engines: Vec<NodeHandle>,
     consumers: Vec<NodeHandle>,
+    /// The operator's console: the node its admin calls leave from.
+    operator: NodeHandle,
+    /// When pauses (or closes) returned, and when the resume after each was issued.
+    pauses: Mutex<Vec<(Duration, Option<Duration>)>>,
+    ledger_log: Arc<LedgerLog>,
+    /// Faults that run beside the nemesis (pauses): stopped with the world.
+    background: Mutex<Vec<madsim::task::JoinHandle<()>>>,
+    /// Recovery claims as the checker first saw them in the meta (at most `CHECK_EVERY` late).
+    claims: Mutex<Vec<(Duration, String)>>,
     violated: Mutex<Option<Violated>>,
 }
 
@@ -519,6 +596,13 @@ pub fn run(cfg: &SimConfig) -> RunReport {
 
 /// The world inside an existing simulation runtime.
 pub async fn world(cfg: SimConfig) -> RunReport {
+    // The engine's fault points stall where a paused process hurts most (between reserve and
+    // publish, between a recovery's snapshot and its rebuild), in the scenarios about zombies.
+    let stalls = matches!(
+        cfg.scenario,
+        Scenario::CompetingRecoveries | Scenario::FullLossRestart
+    );
+    planted::enable_stalls(stalls.then_some(cfg.seed ^ 0x57a11));
     let handle = Handle::current();
     let faults = Arc::new(Faults::new());
     let act = activity(&cfg);
@@ -537,32 +621,40 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         plan: plan.clone(),
     };
     god.ledger.install(&act, &plan).await.expect("install");
-    god.cache.warmup(&plan).await.expect("warmup");
+    god.cache
+        .warmup(&plan, &seckill_engine::ports::Intent::FIRST)
+        .await
+        .expect("warmup");
 
     let node = |name: &str, addr: &str| handle.create_node().name(name).ip(ip(addr));
     let (s, f) = (redis.clone(), faults.clone());
     let redis_node = node("redis", "10.0.0.10")
         .init(move || serve_redis(s.clone(), f.clone()))
         .build();
-    let (l, f) = (ledger.clone(), faults.clone());
+    let ledger_log = Arc::new(LedgerLog::default());
+    let (l, f, g) = (ledger.clone(), faults.clone(), ledger_log.clone());
     let mysql_node = node("mysql", "10.0.0.20")
-        .init(move || serve_ledger(l.clone(), f.clone()))
+        .init(move || serve_ledger(l.clone(), f.clone(), g.clone()))
         .build();
     let (k, f) = (kafka.clone(), faults.clone());
     let kafka_node = node("kafka", "10.0.0.30")
         .init(move || serve_kafka(k.clone(), f.clone()))
         .build();
 
-    let (a, f) = (act.clone(), faults.clone());
-    let jobs_addr: SocketAddr = "10.0.4.1:9100".parse().expect("jobs address");
-    let jobs_node = node("jobs", "10.0.4.1");
-    let jobs_node = if cfg.jobs {
-        jobs_node
-            .init(move || crate::nodes::jobs_main(jobs_addr, a.clone(), PARTITIONS, f.clone()))
-            .build()
-    } else {
-        jobs_node.build()
-    };
+    // Several job runners race over the same activity, as in production (DESIGN §11).
+    let jobs_nodes = (0..JOBS_NODES)
+        .map(|i| {
+            let addr: SocketAddr = format!("10.0.4.{}:9100", i + 1).parse().expect("jobs address");
+            let jobs_node = node(&format!("jobs-{i}"), &addr.ip().to_string());
+            if !cfg.jobs {
+                return jobs_node.build();
+            }
+            let f = faults.clone();
+            jobs_node
+                .init(move || crate::nodes::jobs_main(addr, i, PARTITIONS, f.clone()))
+                .build()
+        })
+        .collect();
     let skews = Arc::new(Mutex::new(vec![0i64; cfg.engines]));
     let engines = (0..cfg.engines)
         .map(|i| {
@@ -606,9 +698,14 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         redis_node,
         mysql_node,
         kafka_node,
-        jobs_node,
+        jobs_nodes,
         engines,
         consumers,
+        operator: node("operator", "10.0.5.1").build(),
+        pauses: Mutex::default(),
+        ledger_log,
+        background: Mutex::default(),
+        claims: Mutex::default(),
         violated: Mutex::new(None),
     });
     faults.event(format!(
@@ -633,6 +730,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     w.final_checks(drained).await;
     let report = w.report().await;
     w.tear_down(clients.iter().map(|(node, _)| node.id())).await;
+    planted::enable_stalls(None);
     report
 }
 
@@ -675,7 +773,62 @@ impl World {
             tokio::time::sleep(CHECK_EVERY).await;
             let snap = self.god.snapshot().await;
             self.record(self.safety(&snap), Verdict::Safety);
+            self.watch_claims();
         }
+    }
+
+    /// Note a recovery claim the first time the meta shows it (read raw).
+    fn watch_claims(&self) {
+        use seckill_engine::adapters::embedded::Value;
+        let key = seckill_engine::adapters::script::meta_key(ACTIVITY);
+        let claim = self.redis.model.read(|ks| match ks.get(key.as_bytes()) {
+            Some(Value::Hash(h)) => h
+                .get(b"claim".as_slice())
+                .map(|c| String::from_utf8_lossy(c).into_owned()),
+            _ => None,
+        });
+        let Some(claim) = claim else { return };
+        let mut claims = self.claims.lock().expect("claims");
+        if claims.last().is_none_or(|(_, c)| *c != claim) {
+            claims.push((self.faults.elapsed(), claim));
+        }
+    }
+
+    /// L1 for orders the ledger refused for an older generation: only a zombie's — a publish
+    /// acknowledged after the recovery that bumped the generation claimed the activity (before
+    /// the claim, the recovery waits the publish out and drains it). A client told "queued"
+    /// before that claim whose order was refused lost its unit to a recovery that did not wait.
+    fn l1_no_early_stale_orders(&self) -> Vec<inv::Violation> {
+        let stale = self.ledger_log.stale.lock().expect("ledger log").clone();
+        let bumps = self.ledger_log.bumps.lock().expect("ledger log").clone();
+        let claims = self.claims.lock().expect("claims").clone();
+        let history = self.history.lock().expect("history");
+        let mut out = Vec::new();
+        for (refused_at, rid) in stale {
+            let Some(queued_at) = history.queued_at.get(&rid.to_string()).copied() else {
+                continue; // nobody was told "queued" for it
+            };
+            let Some(bump) = bumps.iter().rev().find(|b| **b <= refused_at) else {
+                continue;
+            };
+            let Some((claimed, fence)) = claims.iter().rev().find(|(c, _)| c <= bump) else {
+                continue;
+            };
+            if queued_at + CHECK_EVERY < *claimed {
+                out.push(inv::Violation {
+                    invariant: inv::Invariant::L1QueuedResolved,
+                    bucket: None,
+                    detail: format!(
+                        "reservation {rid} was queued at {} ms, before claim {fence} (seen at {} ms), \
+                         yet refused for its generation at {} ms: the recovery did not wait for it",
+                        queued_at.as_millis(),
+                        claimed.as_millis(),
+                        refused_at.as_millis()
+                    ),
+                });
+            }
+        }
+        out
     }
 
     fn spawn_clients(self: &Arc<Self>) -> Vec<(NodeHandle, madsim::task::JoinHandle<()>)> {
@@ -737,10 +890,49 @@ impl World {
         self.faults.event(format!("client-{index} done"));
     }
 
-    async fn click(&self, ep: &Endpoint, engine: SocketAddr, user: UserId) {
-        let mut answer = ep
+    /// One purchase request, held to S5: queued although sent after a pause returned and
+    /// answered before the resume was issued is a violation.
+    async fn purchase(
+        &self,
+        ep: &Endpoint,
+        engine: SocketAddr,
+        user: UserId,
+    ) -> std::io::Result<Result<PurchaseOutcome, String>> {
+        let sent = self.faults.elapsed();
+        let answer = ep
             .call_timeout(engine, rpc::Purchase { user }, Duration::from_secs(1))
             .await;
+        if let Ok(Ok(PurchaseOutcome::Queued(r))) = &answer {
+            let got = self.faults.elapsed();
+            let held = self
+                .pauses
+                .lock()
+                .expect("pauses")
+                .iter()
+                .copied()
+                .find(|(paused, resumed)| *paused <= sent && resumed.is_none_or(|resumed| got <= resumed));
+            if let Some((paused, _)) = held {
+                self.record(
+                    vec![inv::Violation {
+                        invariant: inv::Invariant::S5PauseHolds,
+                        bucket: Some(r.bucket.0),
+                        detail: format!(
+                            "user {user} was queued ({}) for a request sent at {} ms, after the pause \
+                             that returned at {} ms",
+                            r.id,
+                            sent.as_millis(),
+                            paused.as_millis()
+                        ),
+                    }],
+                    Verdict::Safety,
+                );
+            }
+        }
+        answer
+    }
+
+    async fn click(&self, ep: &Endpoint, engine: SocketAddr, user: UserId) {
+        let mut answer = self.purchase(ep, engine, user).await;
         // A persistent buyer tries again while the sale lasts (bounded: a few tries).
         for _ in 0..self.cfg.retries_when_sold_out {
             if !matches!(
@@ -751,9 +943,7 @@ impl World {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(100..300))).await;
-            answer = ep
-                .call_timeout(engine, rpc::Purchase { user }, Duration::from_secs(1))
-                .await;
+            answer = self.purchase(ep, engine, user).await;
         }
         let label = match &answer {
             Ok(Ok(o)) => o.label(),
@@ -771,11 +961,12 @@ impl World {
             self.faults.event(format!("user {user}: unavailable: {reason}"));
         }
         if let Ok(Ok(PurchaseOutcome::Queued(r))) = answer {
-            self.history
-                .lock()
-                .expect("history")
-                .queued
-                .push(r.id.to_string());
+            {
+                let mut h = self.history.lock().expect("history");
+                h.queued.push(r.id.to_string());
+                h.queued_users.insert(r.id.to_string(), r.user);
+                h.queued_at.insert(r.id.to_string(), self.faults.elapsed());
+            }
             self.follow_up(ep, engine, r.user, Some(r.id)).await;
         } else if let Ok(Ok(PurchaseOutcome::Duplicate)) = answer {
             // "You already have one": the user looks at the order page (and pays).
@@ -855,13 +1046,13 @@ impl World {
         }
     }
 
-    async fn inject(&self, fault: Fault, hold: Duration) {
+    async fn inject(self: &Arc<Self>, fault: Fault, hold: Duration) {
         let f = &self.faults;
         let pick = |nodes: &[NodeHandle]| nodes[thread_rng().gen_range(0..nodes.len())].id();
         match fault {
             Fault::ConsumerCrash => self.down_for(pick(&self.consumers), "consumer_crash", hold).await,
             Fault::EngineCrash => self.down_for(pick(&self.engines), "engine_crash", hold).await,
-            Fault::JobsCrash => self.down_for(self.jobs_node.id(), "jobs_crash", hold).await,
+            Fault::JobsCrash => self.down_for(pick(&self.jobs_nodes), "jobs_crash", hold).await,
             Fault::BrokerDown => self.down_for(self.kafka_node.id(), "broker_down", hold).await,
             Fault::MysqlUnavailable => {
                 self.down_for(self.mysql_node.id(), "mysql_unavailable", hold)
@@ -897,6 +1088,23 @@ impl World {
                 tokio::time::sleep(hold).await;
                 NetSim::current().unclog_node(self.redis_node.id());
             }
+            Fault::OperatorPause => self.operator_pause(hold).await,
+            Fault::FullLossRestart => self.full_loss_restart().await,
+            // Pauses overlap the faults that follow: the nemesis goes on while the node sleeps.
+            Fault::EnginePause => {
+                // Past the delivery timeout: a publish under way goes on after a recovery ran.
+                let hold = Duration::from_millis(thread_rng().gen_range(1_500..3_000));
+                let (w, id) = (self.clone(), pick(&self.engines));
+                let task = tokio::spawn(async move { w.pause_for(id, "engine_pause", hold).await });
+                self.background.lock().expect("background").push(task);
+            }
+            Fault::JobsPause => {
+                // Past the claim's lease: another runner takes the recovery over meanwhile.
+                let hold = Duration::from_millis(thread_rng().gen_range(2_000..6_000));
+                let (w, id) = (self.clone(), pick(&self.jobs_nodes));
+                let task = tokio::spawn(async move { w.pause_for(id, "jobs_pause", hold).await });
+                self.background.lock().expect("background").push(task);
+            }
             Fault::PacketLoss => {
                 f.fired("packet_loss");
                 NetSim::current().update_config(|c| c.packet_loss_rate = 0.05);
@@ -930,6 +1138,117 @@ impl World {
         }
     }
 
+    /// A node stops (every task where it is), for `hold`, and goes on: a zombie.
+    async fn pause_for(&self, id: madsim::task::NodeId, fault: &str, hold: Duration) {
+        self.faults.fired(fault);
+        self.faults
+            .event(format!("{fault}: node paused for {} ms", hold.as_millis()));
+        self.handle.pause(id);
+        tokio::time::sleep(hold).await;
+        self.handle.resume(id);
+    }
+
+    /// An admin call through a random API node, from the operator's console.
+    async fn admin<R>(&self, req: R, timeout: Duration) -> (usize, Result<R::Response, String>)
+    where
+        R: madsim::net::rpc::Request + Send + 'static,
+        R::Response: Send + 'static,
+    {
+        let i = thread_rng().gen_range(0..self.engines.len());
+        let engine = engine_addr(i);
+        let answer = self
+            .operator
+            .spawn(async move {
+                let ep = Endpoint::bind("10.0.5.1:0").await.expect("bind the console");
+                ep.call_timeout(engine, req, timeout)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| format!("{e:?}"))
+            .and_then(|r| r);
+        (i, answer)
+    }
+
+    /// Pause (or, one time in five, close) through one API node; after `hold`, resume through
+    /// another. The interval from the pause's return to the resume's issue is held to S5.
+    async fn operator_pause(&self, hold: Duration) {
+        let state = if thread_rng().gen_bool(0.2) {
+            ActivityState::Closed
+        } else {
+            ActivityState::Paused
+        };
+        let (i, answer) = self.admin(rpc::Operate { state }, Duration::from_secs(5)).await;
+        match answer {
+            Ok(Ok(intent)) => {
+                let at = self.faults.elapsed();
+                self.faults.fired("operator_pause");
+                self.faults.event(format!(
+                    "operator: {state} through engine-{i} (version {})",
+                    intent.version
+                ));
+                self.pauses.lock().expect("pauses").push((at, None));
+            }
+            other => {
+                self.faults
+                    .event(format!("operator: {state} through engine-{i} failed: {other:?}"));
+                return;
+            }
+        }
+        tokio::time::sleep(hold * 2).await;
+        self.resume().await;
+    }
+
+    /// The operator resumes the sale (until an API node says it did).
+    async fn resume(&self) {
+        let issued = self.faults.elapsed();
+        for open in self.pauses.lock().expect("pauses").iter_mut() {
+            open.1.get_or_insert(issued);
+        }
+        for _ in 0..50 {
+            let (i, answer) = self
+                .admin(
+                    rpc::Operate {
+                        state: ActivityState::Open,
+                    },
+                    Duration::from_secs(5),
+                )
+                .await;
+            if let Ok(Ok(_)) = answer {
+                self.faults.event(format!("operator: resumed through engine-{i}"));
+                return;
+            }
+            self.faults
+                .event(format!("operator: resume through engine-{i} failed: {answer:?}"));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Redis restarts with nothing, every API node restarts, and the operator calls warmup
+    /// through one of them (retrying until it answers) — the README's sequence.
+    async fn full_loss_restart(&self) {
+        self.faults.fired("full_loss_restart");
+        self.redis.set_restart_mode(Persistence::Volatile);
+        self.reboot(self.redis_node.id());
+        for e in &self.engines {
+            self.reboot(e.id());
+        }
+        for _ in 0..20 {
+            let (i, answer) = self.admin(rpc::Warmup, Duration::from_secs(30)).await;
+            match answer {
+                Ok(Ok(what)) => {
+                    self.faults
+                        .event(format!("operator: warmup through engine-{i}: {what}"));
+                    return;
+                }
+                other => self
+                    .faults
+                    .event(format!("operator: warmup through engine-{i} failed: {other:?}")),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// A node crashes (at whatever await point it is), stays down for `hold`, and restarts.
     async fn down_for(&self, id: madsim::task::NodeId, fault: &str, hold: Duration) {
         self.faults.fired(fault);
@@ -951,9 +1270,10 @@ impl World {
             &self.redis_node,
             &self.mysql_node,
             &self.kafka_node,
-            &self.jobs_node,
+            &self.operator,
         ]
         .into_iter()
+        .chain(&self.jobs_nodes)
         .chain(&self.engines)
         .chain(&self.consumers)
     }
@@ -963,6 +1283,9 @@ impl World {
     /// servers' loops hold the stores, and so do clients a violation stopped mid-click — each run
     /// kept megabytes alive (a 20-seed sweep peaked at 507,544 KB; now 18,804 KB).
     async fn tear_down(&self, clients: impl Iterator<Item = madsim::task::NodeId>) {
+        for task in self.background.lock().expect("background").drain(..) {
+            task.abort();
+        }
         for id in self.nodes().map(NodeHandle::id).chain(clients) {
             self.handle.kill(id);
         }
@@ -977,9 +1300,13 @@ impl World {
         net.update_config(|c| c.packet_loss_rate = 0.0);
         for n in self.nodes() {
             net.unclog_node(n.id());
+            self.handle.resume(n.id());
             if self.handle.is_exit(n.id()) {
                 self.handle.restart(n.id());
             }
+        }
+        if !self.pauses.lock().expect("pauses").is_empty() {
+            self.resume().await;
         }
         self.faults.event("healed".into());
     }
@@ -1017,10 +1344,21 @@ impl World {
         let meta = self.god.cache.meta(ACTIVITY).await.expect("in-process");
         let epoch = self.god.cache.epoch().await.expect("in-process");
         match &meta {
-            Some(m)
-                if m.state == seckill_engine::domain::ActivityState::Open
-                    && m.epoch.as_deref() == Some(&epoch) => {}
-            other => return format!("activity not reopened: {other:?}"),
+            Some(m) if m.claim.is_none() && m.epoch.as_deref() == Some(&epoch) => {}
+            other => return format!("activity not recovered: {other:?}"),
+        }
+        let shut: Vec<String> = view
+            .buckets
+            .iter()
+            .filter(|b| {
+                b.gate
+                    .as_ref()
+                    .is_none_or(|g| g.state != seckill_engine::domain::ActivityState::Open)
+            })
+            .map(|b| format!("{}: {:?}", b.bucket, b.gate))
+            .collect();
+        if !shut.is_empty() {
+            return format!("gates not open: {}", shut.join(", "));
         }
         let open: usize = view.buckets.iter().map(|b| b.open.len() + b.pending.len()).sum();
         if open > 0 {
@@ -1053,6 +1391,33 @@ impl World {
         String::new()
     }
 
+    /// L1 from ground truth: every reservation a client was told is "queued" is an order in the
+    /// ledger (any status), unless its user holds another order (a duplicate buyer's unit went
+    /// back) or a Redis restart lost it from the outbox before it was published (counted at each
+    /// restart: the exact account, nothing else is excused). A reservation that silently
+    /// vanished — deleted by a rebuild, released without the user told — is a violation.
+    async fn l1_exact_account(&self, queued: &[String]) -> Vec<inv::Violation> {
+        let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
+        let in_ledger: std::collections::BTreeSet<String> =
+            db.orders.iter().map(|o| o.reservation.id.to_string()).collect();
+        let buyers: std::collections::BTreeSet<UserId> =
+            db.orders.iter().map(|o| o.reservation.user).collect();
+        let lost = self.redis.lost_outbox.lock().expect("lost outbox").clone();
+        let users = self.history.lock().expect("history").queued_users.clone();
+        queued
+            .iter()
+            .filter(|rid| !in_ledger.contains(*rid) && !lost.contains(*rid))
+            .filter(|rid| users.get(*rid).is_none_or(|u| !buyers.contains(u)))
+            .map(|rid| inv::Violation {
+                invariant: inv::Invariant::L1QueuedResolved,
+                bucket: None,
+                detail: format!(
+                    "queued reservation {rid} never became an order, and no Redis restart lost it"
+                ),
+            })
+            .collect()
+    }
+
     async fn final_checks(&self, drained: bool) {
         let snap = self.god.snapshot().await;
         self.record(self.safety(&snap), Verdict::Safety);
@@ -1080,6 +1445,8 @@ impl World {
         if checks.l1 {
             let queued = self.history.lock().expect("history").queued.clone();
             live.extend(inv::l1_queued_resolved(&snap, &queued));
+            live.extend(self.l1_exact_account(&queued).await);
+            live.extend(self.l1_no_early_stale_orders());
             live.extend(inv::l1_nothing_open(&snap));
             if !drained {
                 live.push(inv::Violation {

@@ -10,12 +10,14 @@
 //! `Indeterminate`. Queries are built at run time (no `query!` macros): the crate builds without
 //! a live database.
 
+use crate::adapters::embedded::ledger::check_intent;
 use crate::domain::{
-    Activity, ActivityId, ActivitySpec, BucketNo, Reservation, ReservationId, StockPlan, UserId,
+    Activity, ActivityId, ActivitySpec, ActivityState, BucketNo, Reservation, ReservationId, StockPlan,
+    UserId,
 };
 use crate::ports::{
-    ApplyOutcome, CancelOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow,
-    OrderStatus, PayOutcome, PortError, PortResult, ReconcileView, Transfer,
+    ApplyOutcome, CancelOutcome, Intent, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView,
+    OrderRow, OrderStatus, PayOutcome, PortError, PortResult, ReconcileView, Registered, Transfer,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, Row, Transaction};
@@ -94,7 +96,40 @@ fn parse_kind(s: &str) -> PortResult<JournalKind> {
     })
 }
 
-const ORDER_COLUMNS: &str = "reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status";
+const ORDER_COLUMNS: &str =
+    "reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status, generation";
+const ACTIVITY_COLUMNS: &str = "id, total_stock, bucket_count, fallback_pct, per_user_limit, start_ms, \
+                                end_ms, pay_timeout_ms, state, intent_version, generation";
+
+fn registered_of_row(row: &MySqlRow) -> PortResult<Registered> {
+    let op = "read activity";
+    let get = |e: sqlx::Error| PortError::determinate(op, e.to_string());
+    let id = ActivityId(row.try_get("id").map_err(get)?);
+    let spec = ActivitySpec {
+        id,
+        total_stock: row.try_get("total_stock").map_err(get)?,
+        buckets: row.try_get("bucket_count").map_err(get)?,
+        fallback_pct: row.try_get("fallback_pct").map_err(get)?,
+        per_user_limit: row.try_get("per_user_limit").map_err(get)?,
+        start_ms: row.try_get("start_ms").map_err(get)?,
+        end_ms: row.try_get("end_ms").map_err(get)?,
+        pay_timeout_ms: row.try_get("pay_timeout_ms").map_err(get)?,
+    };
+    let activity = Activity::new(spec)
+        .map_err(|e| PortError::determinate(op, format!("stored activity {id} is invalid: {e}")))?;
+    let state: String = row.try_get("state").map_err(get)?;
+    let state = ActivityState::parse(&state)
+        .filter(|s| *s != ActivityState::Recovering)
+        .ok_or_else(|| PortError::determinate(op, format!("activity {id}: unknown intent {state:?}")))?;
+    Ok(Registered {
+        activity,
+        intent: Intent {
+            state,
+            version: row.try_get("intent_version").map_err(get)?,
+            generation: row.try_get("generation").map_err(get)?,
+        },
+    })
+}
 
 fn order_of_row(row: &MySqlRow) -> PortResult<OrderRow> {
     let get = |e: sqlx::Error| PortError::determinate("read order", e.to_string());
@@ -108,6 +143,7 @@ fn order_of_row(row: &MySqlRow) -> PortResult<OrderRow> {
             bucket: BucketNo(row.try_get::<u32, _>("bucket_no").map_err(get)?),
             qty: row.try_get::<u32, _>("qty").map_err(get)?,
             reserved_at_ms: row.try_get::<u64, _>("reserved_at_ms").map_err(get)?,
+            generation: row.try_get::<u64, _>("generation").map_err(get)?,
         },
         status: parse_status(&status)?,
     })
@@ -131,6 +167,16 @@ impl MysqlLedger {
         let pool = MySqlPoolOptions::new()
             .max_connections(cfg.max_connections)
             .acquire_timeout(cfg.acquire_timeout)
+            // Explicit, whatever the server's default: the recovery's snapshot and the
+            // reconciler's view rely on one consistent read view per transaction.
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                })
+            })
             .connect_lazy_with(options);
         Ok(MysqlLedger { pool })
     }
@@ -171,8 +217,8 @@ impl MysqlLedger {
     ) -> Result<ApplyOutcome, sqlx::Error> {
         let id = r.id.to_string();
         let insert = sqlx::query(
-            "INSERT INTO seckill_order (reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status) \
-             VALUES (?, ?, ?, ?, ?, ?, 'created')",
+            "INSERT INTO seckill_order (reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, \
+             status, generation) VALUES (?, ?, ?, ?, ?, ?, 'created', ?)",
         )
         .bind(&id)
         .bind(r.activity.0)
@@ -180,6 +226,7 @@ impl MysqlLedger {
         .bind(r.bucket.0)
         .bind(r.qty)
         .bind(r.reserved_at_ms)
+        .bind(r.generation)
         .execute(&mut **tx)
         .await;
         match insert {
@@ -206,6 +253,21 @@ impl MysqlLedger {
                 return Ok(ApplyOutcome::DuplicateBuyer { existing });
             }
             Err(e) => return Err(e),
+        }
+        // The activity's generation under a shared lock held to COMMIT: a recovery's bump
+        // (an UPDATE of this row) waits for this batch, so its snapshot either holds this order or
+        // the order is refused here (DESIGN §11.3).
+        let current: Option<(u64,)> =
+            sqlx::query_as("SELECT generation FROM activity WHERE id = ? LOCK IN SHARE MODE")
+                .bind(r.activity.0)
+                .fetch_optional(&mut **tx)
+                .await?;
+        if current.is_some_and(|(g,)| r.generation < g) {
+            sqlx::query("UPDATE seckill_order SET status = 'failed' WHERE reservation_id = ?")
+                .bind(&id)
+                .execute(&mut **tx)
+                .await?;
+            return Ok(ApplyOutcome::StaleGeneration);
         }
         let taken = sqlx::query(
             "UPDATE stock_bucket SET remaining = remaining - ? \
@@ -424,6 +486,16 @@ impl MysqlLedger {
         Ok(true)
     }
 
+    /// A read-only transaction with one consistent read view for all its statements, taken at
+    /// its start. Every pooled connection runs REPEATABLE READ (set at connect): under READ
+    /// COMMITTED each statement would get its own view, and a cancel between two reads would
+    /// lose a unit.
+    async fn consistent_read(&self) -> Result<Transaction<'static, MySql>, sqlx::Error> {
+        self.pool
+            .begin_with("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            .await
+    }
+
     async fn apply_once(&self, batch: &[Reservation]) -> TxResult<Vec<ApplyOutcome>> {
         let mut tx = self.pool.begin().await?;
         let mut outcomes = Vec::with_capacity(batch.len());
@@ -510,29 +582,81 @@ impl Ledger for MysqlLedger {
     }
 
     async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
-        let row = sqlx::query(
-            "SELECT total_stock, bucket_count, fallback_pct, per_user_limit, start_ms, end_ms, \
-             pay_timeout_ms FROM activity WHERE id = ?",
-        )
-        .bind(id.0)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(determinate("read activity"))?;
-        let Some(row) = row else { return Ok(None) };
-        let get = |e: sqlx::Error| PortError::determinate("read activity", e.to_string());
-        let spec = ActivitySpec {
-            id,
-            total_stock: row.try_get("total_stock").map_err(get)?,
-            buckets: row.try_get("bucket_count").map_err(get)?,
-            fallback_pct: row.try_get("fallback_pct").map_err(get)?,
-            per_user_limit: row.try_get("per_user_limit").map_err(get)?,
-            start_ms: row.try_get("start_ms").map_err(get)?,
-            end_ms: row.try_get("end_ms").map_err(get)?,
-            pay_timeout_ms: row.try_get("pay_timeout_ms").map_err(get)?,
-        };
-        Activity::new(spec).map(Some).map_err(|e| {
-            PortError::determinate("read activity", format!("stored activity {id} is invalid: {e}"))
+        Ok(self.registry(id).await?.map(|r| r.activity))
+    }
+
+    async fn registry(&self, id: ActivityId) -> PortResult<Option<Registered>> {
+        let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity WHERE id = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(determinate("read activity"))?;
+        row.as_ref().map(registered_of_row).transpose()
+    }
+
+    async fn registered(&self) -> PortResult<Vec<Registered>> {
+        let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(determinate("read activities"))?;
+        rows.iter().map(registered_of_row).collect()
+    }
+
+    async fn set_intent(&self, id: ActivityId, state: ActivityState) -> PortResult<Option<Intent>> {
+        check_intent(state)?;
+        retrying("set intent", || async {
+            let mut tx = self.pool.begin().await?;
+            let changed = sqlx::query(
+                "UPDATE activity SET state = ?, intent_version = intent_version + 1 WHERE id = ?",
+            )
+            .bind(state.as_str())
+            .bind(id.0)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if changed == 0 {
+                return Ok(None);
+            }
+            let (version, generation): (u64, u64) =
+                sqlx::query_as("SELECT intent_version, generation FROM activity WHERE id = ?")
+                    .bind(id.0)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            commit(tx).await?;
+            Ok(Some(Intent {
+                state,
+                version,
+                generation,
+            }))
         })
+        .await
+    }
+
+    async fn bump_generation(&self, id: ActivityId) -> PortResult<Intent> {
+        retrying("bump generation", || async {
+            let mut tx = self.pool.begin().await?;
+            let changed = sqlx::query("UPDATE activity SET generation = generation + 1 WHERE id = ?")
+                .bind(id.0)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if changed == 0 {
+                return Err(TxError::Refused(PortError::determinate(
+                    "bump generation",
+                    format!("activity {id} is not installed"),
+                )));
+            }
+            let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity WHERE id = ?");
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(id.0)
+                .fetch_one(&mut *tx)
+                .await?;
+            commit(tx).await?;
+            Ok(registered_of_row(&row).map_err(TxError::Refused)?.intent)
+        })
+        .await
     }
 
     async fn transfer(&self, activity: ActivityId, t: &Transfer) -> PortResult<bool> {
@@ -587,8 +711,7 @@ impl Ledger for MysqlLedger {
     ) -> PortResult<ReconcileView> {
         let op = "reconcile view";
         let get = |e: sqlx::Error| PortError::determinate(op, e.to_string());
-        // One consistent read view (InnoDB REPEATABLE READ) for the three reads.
-        let mut tx = self.pool.begin().await.map_err(determinate(op))?;
+        let mut tx = self.consistent_read().await.map_err(determinate(op))?;
         let sold = sqlx::query(
             "SELECT bucket_no, CAST(SUM(qty) AS UNSIGNED) AS sold FROM seckill_order \
              WHERE activity_id = ? AND status IN ('created', 'paid') GROUP BY bucket_no",
@@ -645,8 +768,7 @@ impl Ledger for MysqlLedger {
 
     async fn snapshot(&self, activity: ActivityId) -> PortResult<LedgerView> {
         let op = "ledger snapshot";
-        // One consistent read view for the three tables.
-        let mut tx = self.pool.begin().await.map_err(determinate(op))?;
+        let mut tx = self.consistent_read().await.map_err(determinate(op))?;
         let buckets = sqlx::query(
             "SELECT bucket_no, initial, remaining FROM stock_bucket WHERE activity_id = ? ORDER BY bucket_no",
         )

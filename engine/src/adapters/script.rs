@@ -8,8 +8,8 @@
 
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
-    BucketImage, CacheBucket, CacheView, MetaView, PendingMark, PortError, PortResult, ReleaseKind,
-    ReserveOutcome, StockCache, Transfer, WarmupReport,
+    BucketImage, CacheBucket, CacheView, Claim, Gate, GateWrite, Intent, MetaView, PendingMark, PortError,
+    PortResult, Rebuilt, ReleaseKind, ReserveOutcome, StockCache, Transfer, WarmupReport,
 };
 use std::future::Future;
 use std::sync::OnceLock;
@@ -35,10 +35,11 @@ pub enum Script {
     Inspect,
     Rebuild,
     Transfer,
+    Gate,
 }
 
 impl Script {
-    pub const ALL: [Script; 7] = [
+    pub const ALL: [Script; 8] = [
         Script::Warmup,
         Script::Reserve,
         Script::Release,
@@ -46,6 +47,7 @@ impl Script {
         Script::Inspect,
         Script::Rebuild,
         Script::Transfer,
+        Script::Gate,
     ];
 
     pub fn source(self) -> &'static str {
@@ -57,6 +59,7 @@ impl Script {
             Script::Inspect => include_str!("../../../lua/inspect.lua"),
             Script::Rebuild => include_str!("../../../lua/rebuild.lua"),
             Script::Transfer => include_str!("../../../lua/transfer.lua"),
+            Script::Gate => include_str!("../../../lua/gate.lua"),
         }
     }
 
@@ -101,12 +104,62 @@ pub fn resv_key(a: ActivityId, b: BucketNo) -> String {
 pub fn xfer_key(a: ActivityId, b: BucketNo) -> String {
     format!("sk:{{{a}.{b}}}:xfer")
 }
+pub fn gate_key(a: ActivityId, b: BucketNo) -> String {
+    format!("sk:{{{a}.{b}}}:gate")
+}
 pub fn meta_key(a: ActivityId) -> String {
     format!("sk:{{{a}}}:meta")
 }
 
 fn bucket_keys(a: ActivityId, b: BucketNo) -> Vec<String> {
-    vec![stock_key(a, b), buyers_key(a, b), resv_key(a, b), xfer_key(a, b)]
+    vec![
+        stock_key(a, b),
+        buyers_key(a, b),
+        resv_key(a, b),
+        xfer_key(a, b),
+        gate_key(a, b),
+    ]
+}
+
+/// A gate's value as `gate.lua` writes it: `state|intent|version|generation|fence`. `None`: not
+/// a gate value.
+pub fn parse_gate(value: &str) -> Option<Gate> {
+    let mut parts = value.split('|');
+    let (Some(state), Some(intent), Some(version), Some(generation), Some(fence), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return None;
+    };
+    Some(Gate {
+        state: ActivityState::parse(state)?,
+        intent: ActivityState::parse(intent)?,
+        version: version.parse().ok()?,
+        generation: generation.parse().ok()?,
+        fence: (!fence.is_empty()).then(|| fence.to_string()),
+    })
+}
+
+fn intent_args(intent: &Intent) -> [String; 3] {
+    [
+        intent.state.as_str().to_string(),
+        intent.version.to_string(),
+        intent.generation.to_string(),
+    ]
+}
+
+/// What one `reserve.lua` call on one bucket answered.
+enum Step {
+    Reserved,
+    Duplicate,
+    Empty,
+    Pending,
+    NotWarmed,
+    Gated(ActivityState),
 }
 
 /// `StockCache` for every backend that speaks scripts.
@@ -192,16 +245,37 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         }
     }
 
+    /// `gate.lua` on one bucket's gate.
+    async fn run_gate(
+        &self,
+        op: &'static str,
+        a: ActivityId,
+        b: BucketNo,
+        args: Vec<String>,
+    ) -> PortResult<Reply> {
+        self.run(op, Script::Gate, vec![gate_key(a, b)], args).await
+    }
+
+    /// `warmup.lua` on the activity's meta.
+    async fn run_meta(&self, op: &'static str, a: ActivityId, args: Vec<String>) -> PortResult<Reply> {
+        self.run(op, Script::Warmup, vec![meta_key(a)], args).await
+    }
+
     /// Run `reserve.lua` (`op` "own" or "fallback") for `candidate` on `candidate.bucket`;
     /// with `mark_pending`, an empty own bucket leaves the pending-fallback mark.
     async fn reserve_in(
         &self,
         op: &'static str,
         mark_pending: bool,
-        candidate: &Reservation,
-    ) -> PortResult<String> {
+        candidate: &mut Reservation,
+    ) -> PortResult<Step> {
         let (a, bucket) = (candidate.activity, candidate.bucket);
-        let keys = vec![stock_key(a, bucket), buyers_key(a, bucket), resv_key(a, bucket)];
+        let keys = vec![
+            stock_key(a, bucket),
+            buyers_key(a, bucket),
+            resv_key(a, bucket),
+            gate_key(a, bucket),
+        ];
         let mut args = vec![
             op.to_string(),
             candidate.user.to_string(),
@@ -213,13 +287,46 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         if op == "own" {
             args.push(if mark_pending { "1" } else { "0" }.to_string());
         }
+        #[cfg(madsim)]
+        let reply = if crate::planted::on(crate::planted::Bug::GateNotChecked) {
+            self.planted_ungated_reserve(&keys, &args).await?
+        } else {
+            self.run("reserve", Script::Reserve, keys, args).await?
+        };
+        #[cfg(not(madsim))]
         let reply = self.run("reserve", Script::Reserve, keys, args).await?;
         let (tag, rest) = tagged("reserve", &reply)?;
-        match (tag, rest) {
-            ("reserved", [Reply::Int(b)]) if *b == bucket.0 as i64 => Ok(tag.to_string()),
-            ("duplicate" | "empty" | "pending" | "not_warmed", []) => Ok(tag.to_string()),
-            _ => Err(bad_reply("reserve", &reply)),
-        }
+        Ok(match (tag, rest) {
+            ("reserved", [Reply::Int(b), Reply::Int(g)]) if *b == bucket.0 as i64 && *g >= 0 => {
+                candidate.generation = *g as u64;
+                Step::Reserved
+            }
+            ("duplicate", []) => Step::Duplicate,
+            ("empty", []) => Step::Empty,
+            ("pending", []) => Step::Pending,
+            ("not_warmed", []) => Step::NotWarmed,
+            ("gated", [state]) => match as_str(state).and_then(ActivityState::parse) {
+                Some(state) => Step::Gated(state),
+                None => return Err(bad_reply("reserve", &reply)),
+            },
+            _ => return Err(bad_reply("reserve", &reply)),
+        })
+    }
+
+    /// Planted `GateNotChecked`: `reserve.lua` with its gate check cut out (a reserve on a missing
+    /// gate stamps generation 0).
+    #[cfg(madsim)]
+    async fn planted_ungated_reserve(&self, keys: &[String], args: &[String]) -> PortResult<Reply> {
+        let source = Script::Reserve
+            .source()
+            .replace(
+                "if not gate then\n  return {\"gated\", \"closed\"}\nend",
+                "gate = gate or \"open|open|0|0|\"",
+            )
+            .replace("if state ~= \"open\" then", "if false then");
+        assert_ne!(source, Script::Reserve.source(), "the planted edit must apply");
+        self.conn.script_load(&source).await?;
+        self.conn.eval_sha(&sha1_hex(&source), keys, args).await
     }
 
     /// Planted `NonAtomicReserve`: read in one call, decrement in another, from Rust.
@@ -228,7 +335,7 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         const READ: &str = "if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return -1 end \
                             return tonumber(redis.call('GET', KEYS[1]) or '-2')";
         const TAKE: &str = "redis.call('DECRBY', KEYS[1], ARGV[2]) redis.call('SADD', KEYS[2], ARGV[1]) \
-                            redis.call('HSET', KEYS[3], ARGV[3], ARGV[1] .. '|' .. ARGV[2] .. '|' .. ARGV[4]) \
+                            redis.call('HSET', KEYS[3], ARGV[3], ARGV[1] .. '|' .. ARGV[2] .. '|' .. ARGV[4] .. '|0') \
                             return 1";
         let keys = vec![
             stock_key(r.activity, r.bucket),
@@ -270,10 +377,12 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         let Reply::Array(items) = &reply else {
             return Err(bad_reply(OP, &reply));
         };
-        let [Reply::Int(exists), Reply::Int(stock), Reply::Array(buyers), resv, xfer] = items.as_slice()
+        let [Reply::Int(exists), Reply::Int(stock), Reply::Array(buyers), resv, xfer, gate] =
+            items.as_slice()
         else {
             return Err(bad_reply(OP, &reply));
         };
+        let gate = as_str(gate).ok_or_else(|| bad_reply(OP, gate))?;
         let members = buyers
             .iter()
             .map(|m| as_str(m).ok_or_else(|| bad_reply(OP, m)))
@@ -286,12 +395,13 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
             members,
             resv.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             xfer.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            (!gate.is_empty()).then_some(gate),
         )
     }
 }
 
 /// One bucket's keys as the DESIGN §4 contract writes them — the stock, the buyer set's members,
-/// the `resv` and `xfer` hashes' fields — decoded into a `CacheBucket`. The one decoder of that
+/// the `resv` and `xfer` hashes' fields, the gate — decoded into a `CacheBucket`. The one decoder of that
 /// contract: `inspect.lua`'s replies and a raw read of a keyspace (the simulation's checker)
 /// both come through here.
 pub fn decode_bucket<'a>(
@@ -301,6 +411,7 @@ pub fn decode_bucket<'a>(
     buyers: impl IntoIterator<Item = &'a str>,
     resv: impl IntoIterator<Item = (&'a str, &'a str)>,
     xfer: impl IntoIterator<Item = (&'a str, &'a str)>,
+    gate: Option<&str>,
 ) -> PortResult<CacheBucket> {
     const OP: &str = "snapshot";
     let unparsable = |what: &str, field: &str| {
@@ -316,6 +427,9 @@ pub fn decode_bucket<'a>(
         transfers_out: 0,
         cancelled_released: Vec::new(),
         transfers_in_flight: Vec::new(),
+        gate: gate
+            .map(|g| parse_gate(g).ok_or_else(|| unparsable("gate", g)))
+            .transpose()?,
     };
     for m in buyers {
         let user = m.parse().map_err(|_| unparsable("buyers", m))?;
@@ -339,10 +453,16 @@ pub fn decode_bucket<'a>(
             continue;
         }
         let id: ReservationId = field.parse().map_err(|_| unparsable("resv", field))?;
-        let mut parts = value.split('|').map(|p| p.parse::<u64>());
-        let (Some(Ok(user)), Some(Ok(qty)), Some(Ok(at)), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        // "<user>|<qty>|<reserved_at_ms>|<generation>", and "|r" once the reconciler adopted it.
+        let value_only = value.strip_suffix("|r").unwrap_or(value);
+        let mut parts = value_only.split('|').map(|p| p.parse::<u64>());
+        let (Some(Ok(user)), Some(Ok(qty)), Some(Ok(at)), Some(Ok(generation)), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return Err(unparsable("resv", value));
         };
         out.open.push(Reservation {
@@ -352,6 +472,7 @@ pub fn decode_bucket<'a>(
             bucket: b,
             qty: u32::try_from(qty).map_err(|_| unparsable("resv", value))?,
             reserved_at_ms: at,
+            generation,
         });
     }
     let mut acked = std::collections::BTreeSet::new();
@@ -383,7 +504,7 @@ pub fn decode_bucket<'a>(
 }
 
 impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
-    async fn warmup(&self, plan: &StockPlan) -> PortResult<WarmupReport> {
+    async fn warmup(&self, plan: &StockPlan, intent: &Intent) -> PortResult<WarmupReport> {
         let mut report = WarmupReport::default();
         for b in plan.all_buckets() {
             let args = vec!["bucket".into(), plan.initial(b).to_string()];
@@ -396,6 +517,15 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
                 _ => return Err(bad_reply("warmup", &reply)),
             }
         }
+        for b in plan.all_buckets() {
+            let mut args = vec!["init".to_string()];
+            args.extend(intent_args(intent));
+            let reply = self.run_gate("warmup", plan.activity, b, args).await?;
+            match tagged("warmup", &reply)? {
+                ("created" | "exists", []) => {}
+                _ => return Err(bad_reply("warmup", &reply)),
+            }
+        }
         let epoch = self.conn.run_id().await?;
         let args = vec![
             "meta".into(),
@@ -403,9 +533,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             plan.buckets().to_string(),
             epoch,
         ];
-        let reply = self
-            .run("warmup", Script::Warmup, vec![meta_key(plan.activity)], args)
-            .await?;
+        let reply = self.run_meta("warmup", plan.activity, args).await?;
         match tagged("warmup", &reply)? {
             ("created" | "exists", []) => Ok(report),
             _ => Err(bad_reply("warmup", &reply)),
@@ -423,13 +551,14 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         if qty == 0 {
             return Err(PortError::determinate("reserve", "qty must be at least 1"));
         }
-        let own = Reservation {
+        let mut own = Reservation {
             id,
             activity: plan.activity,
             user,
             bucket: plan.route(user),
             qty,
             reserved_at_ms: now_ms,
+            generation: 0,
         };
         #[cfg(madsim)]
         if crate::planted::on(crate::planted::Bug::NonAtomicReserve) {
@@ -439,53 +568,52 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         #[cfg(madsim)]
         let mark_pending =
             mark_pending && !crate::planted::on(crate::planted::Bug::FallbackWithoutPendingMark);
-        match self.reserve_in("own", mark_pending, &own).await?.as_str() {
-            "reserved" => return Ok(ReserveOutcome::Reserved(own)),
-            "duplicate" => return Ok(ReserveOutcome::Duplicate),
-            "empty" => {
+        match self.reserve_in("own", mark_pending, &mut own).await? {
+            Step::Reserved => return Ok(ReserveOutcome::Reserved(own)),
+            Step::Duplicate => return Ok(ReserveOutcome::Duplicate),
+            Step::NotWarmed => return Ok(ReserveOutcome::NotWarmed),
+            Step::Gated(state) => return Ok(ReserveOutcome::Gated(state)),
+            Step::Empty => {
                 #[cfg(madsim)]
                 if plan.has_fallback() {
                     // Planted: fall back with no mark left in the own bucket.
-                    let fallback = Reservation {
+                    let mut fallback = Reservation {
                         bucket: plan.fallback_bucket(),
                         ..own
                     };
-                    return Ok(
-                        match self.reserve_in("fallback", false, &fallback).await?.as_str() {
-                            "reserved" => ReserveOutcome::Reserved(fallback),
-                            "duplicate" => ReserveOutcome::Duplicate,
-                            _ => ReserveOutcome::Empty,
-                        },
-                    );
+                    return Ok(match self.reserve_in("fallback", false, &mut fallback).await? {
+                        Step::Reserved => ReserveOutcome::Reserved(fallback),
+                        Step::Duplicate => ReserveOutcome::Duplicate,
+                        _ => ReserveOutcome::Empty,
+                    });
                 }
                 return Ok(ReserveOutcome::Empty);
             }
-            "not_warmed" => return Ok(ReserveOutcome::NotWarmed),
-            _pending => {}
+            Step::Pending => {}
         }
-        // The own bucket left a pending mark: try the fallback, then resolve the mark. If the
-        // fallback's outcome is unknown the mark stays pending for the reconciler to resolve.
-        let fallback = Reservation {
+        // The own bucket left a pending mark: try the fallback. A unit won there keeps the
+        // mark pending until the caller knows the publish's outcome (DESIGN §4): the caller
+        // resolves it, or the reconciler does if the caller never comes back. Any other outcome
+        // resolves it here; if that resolve fails, the reconciler clears the stale mark.
+        let mut fallback = Reservation {
             bucket: plan.fallback_bucket(),
             ..own.clone()
         };
-        let outcome = match self.reserve_in("fallback", false, &fallback).await {
-            Ok(tag) => tag,
+        let step = match self.reserve_in("fallback", false, &mut fallback).await {
+            Ok(step) => step,
             Err(e) if e.is_indeterminate() => return Err(e),
             Err(e) => {
-                // A failed resolve leaves a stale pending mark, which the reconciler clears.
                 let _ = StockCache::resolve_pending(self, plan, user, false).await;
                 return Err(e);
             }
         };
-        let (keep, result) = match outcome.as_str() {
-            "reserved" => (true, ReserveOutcome::Reserved(fallback)),
-            "duplicate" => (true, ReserveOutcome::Duplicate),
-            "not_warmed" => (false, ReserveOutcome::NotWarmed),
-            _empty => (false, ReserveOutcome::Empty),
+        let (keep, result) = match step {
+            Step::Reserved => return Ok(ReserveOutcome::Reserved(fallback)),
+            Step::Duplicate => (true, ReserveOutcome::Duplicate),
+            Step::NotWarmed => (false, ReserveOutcome::NotWarmed),
+            Step::Gated(state) => (false, ReserveOutcome::Gated(state)),
+            Step::Empty | Step::Pending => (false, ReserveOutcome::Empty),
         };
-        // The outcome stands whatever the resolve does: a stale pending mark only blocks this
-        // user until the reconciler resolves it, it never moves stock.
         let _ = StockCache::resolve_pending(self, plan, user, keep).await;
         Ok(result)
     }
@@ -512,7 +640,8 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             .await?;
         match tagged("release", &reply)? {
             ("released", [Reply::Int(_)]) => Ok(true),
-            ("absent", []) => Ok(false),
+            // Adopted: the reconciler is republishing it, so it is not the purchase's to give back.
+            ("absent" | "adopted", []) => Ok(false),
             _ => Err(bad_reply("release", &reply)),
         }
     }
@@ -563,33 +692,124 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             return Ok(None);
         }
         let get = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-        let (Some(version), Some(buckets), Some(state)) = (get("version"), get("buckets"), get("state"))
-        else {
+        let (Some(version), Some(buckets)) = (get("version"), get("buckets")) else {
             return Err(bad_reply("meta", &reply));
         };
         Ok(Some(MetaView {
             version: version.to_string(),
             buckets: buckets.parse().map_err(|_| bad_reply("meta", &reply))?,
-            state: ActivityState::parse(state).ok_or_else(|| bad_reply("meta", &reply))?,
             epoch: get("epoch").filter(|e| !e.is_empty()).map(str::to_string),
             moves: get("moves").map_or(Ok(0), |m| m.parse().map_err(|_| bad_reply("meta", &reply)))?,
+            claim: get("claim").map(str::to_string),
         }))
     }
 
-    async fn set_state(&self, plan: &StockPlan, state: ActivityState, epoch: Option<&str>) -> PortResult<()> {
+    async fn set_gates(&self, plan: &StockPlan, intent: &Intent) -> PortResult<Vec<GateWrite>> {
+        let mut out = Vec::with_capacity(plan.units.len());
+        for b in plan.all_buckets() {
+            let mut args = vec!["set".to_string()];
+            args.extend(intent_args(intent));
+            let reply = self.run_gate("set gates", plan.activity, b, args).await?;
+            out.push(match tagged("set gates", &reply)? {
+                ("ok", []) => GateWrite::Applied,
+                ("recovering", []) => GateWrite::Recorded,
+                ("stale", []) => GateWrite::Stale,
+                ("missing", []) => GateWrite::Missing,
+                _ => return Err(bad_reply("set gates", &reply)),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn claim(&self, plan: &StockPlan, fence: &str, lease_ms: u64) -> PortResult<Claim> {
         let args = vec![
-            "state".into(),
-            state.as_str().into(),
+            "claim".into(),
+            fence.to_string(),
+            lease_ms.to_string(),
             plan.version.clone(),
             plan.buckets().to_string(),
-            epoch.unwrap_or("").to_string(),
+        ];
+        let reply = self.run_meta("claim", plan.activity, args).await?;
+        match tagged("claim", &reply)? {
+            ("claimed", [previous]) => {
+                let previous = as_str(previous).ok_or_else(|| bad_reply("claim", &reply))?;
+                Ok(Claim::Claimed {
+                    previous: (!previous.is_empty()).then(|| previous.to_string()),
+                })
+            }
+            ("busy", [holder, Reply::Int(left)]) => Ok(Claim::Busy {
+                fence: as_str(holder)
+                    .ok_or_else(|| bad_reply("claim", &reply))?
+                    .to_string(),
+                ms_left: (*left).max(0) as u64,
+            }),
+            _ => Err(bad_reply("claim", &reply)),
+        }
+    }
+
+    async fn renew(&self, plan: &StockPlan, fence: &str, lease_ms: u64) -> PortResult<bool> {
+        let args = vec!["renew".into(), fence.to_string(), lease_ms.to_string()];
+        let reply = self.run_meta("renew", plan.activity, args).await?;
+        match tagged("renew", &reply)? {
+            ("renewed", []) => Ok(true),
+            ("lost", []) => Ok(false),
+            _ => Err(bad_reply("renew", &reply)),
+        }
+    }
+
+    async fn close_gates(&self, plan: &StockPlan, fence: &str) -> PortResult<()> {
+        for b in plan.all_buckets() {
+            let args = vec!["close".into(), fence.to_string()];
+            let reply = self.run_gate("close gates", plan.activity, b, args).await?;
+            match tagged("close gates", &reply)? {
+                ("closed", []) => {}
+                _ => return Err(bad_reply("close gates", &reply)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn reopen(
+        &self,
+        plan: &StockPlan,
+        bucket: BucketNo,
+        fence: &str,
+        intent: &Intent,
+    ) -> PortResult<bool> {
+        let mut args = vec!["reopen".to_string(), fence.to_string()];
+        args.extend(intent_args(intent));
+        let reply = self.run_gate("reopen", plan.activity, bucket, args).await?;
+        match tagged("reopen", &reply)? {
+            ("reopened", [_state]) => Ok(true),
+            ("fenced", []) => Ok(false),
+            _ => Err(bad_reply("reopen", &reply)),
+        }
+    }
+
+    async fn finish(&self, plan: &StockPlan, fence: &str, epoch: &str) -> PortResult<bool> {
+        let args = vec!["finish".into(), fence.to_string(), epoch.to_string()];
+        let reply = self.run_meta("finish", plan.activity, args).await?;
+        match tagged("finish", &reply)? {
+            ("finished", []) => Ok(true),
+            ("lost", []) => Ok(false),
+            _ => Err(bad_reply("finish", &reply)),
+        }
+    }
+
+    async fn adopt(&self, r: &Reservation) -> PortResult<bool> {
+        let args = vec![
+            "adopt".into(),
+            r.id.to_string(),
+            r.user.to_string(),
+            r.qty.to_string(),
         ];
         let reply = self
-            .run("set state", Script::Warmup, vec![meta_key(plan.activity)], args)
+            .run("adopt", Script::Release, bucket_keys(r.activity, r.bucket), args)
             .await?;
-        match tagged("set state", &reply)? {
-            ("ok", []) => Ok(()),
-            _ => Err(bad_reply("set state", &reply)),
+        match tagged("adopt", &reply)? {
+            ("adopted", []) => Ok(true),
+            ("absent", []) => Ok(false),
+            _ => Err(bad_reply("adopt", &reply)),
         }
     }
 
@@ -613,12 +833,22 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
     }
 
     async fn take(&self, plan: &StockPlan, t: &Transfer) -> PortResult<bool> {
-        let keys = vec![stock_key(plan.activity, t.from), xfer_key(plan.activity, t.from)];
+        let keys = vec![
+            stock_key(plan.activity, t.from),
+            xfer_key(plan.activity, t.from),
+            gate_key(plan.activity, t.from),
+        ];
         let args = vec!["take".into(), t.id.clone(), t.units.to_string(), t.to.to_string()];
         let reply = self.run("take", Script::Transfer, keys, args).await?;
         match tagged("take", &reply)? {
-            ("taken" | "exists", [Reply::Int(_)]) => Ok(true),
-            ("short", []) => Ok(false),
+            ("taken", [Reply::Int(_)]) => Ok(true),
+            // The same id taken before must have been the same transfer.
+            ("exists", [Reply::Int(n)]) if *n == t.units as i64 => Ok(true),
+            ("exists", [Reply::Int(n)]) => Err(PortError::determinate(
+                "take",
+                format!("transfer {} was taken with {n} units, not {}", t.id, t.units),
+            )),
+            ("short" | "gated", []) => Ok(false),
             _ => Err(bad_reply("take", &reply)),
         }
     }
@@ -636,11 +866,19 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         } else {
             t.clone()
         };
-        let keys = vec![stock_key(plan.activity, t.to), xfer_key(plan.activity, t.to)];
+        let keys = vec![
+            stock_key(plan.activity, t.to),
+            xfer_key(plan.activity, t.to),
+            gate_key(plan.activity, t.to),
+        ];
         let args = vec!["give".into(), t.id.clone(), t.units.to_string()];
         let reply = self.run("give", Script::Transfer, keys, args).await?;
         match tagged("give", &reply)? {
             ("given" | "exists", []) => Ok(()),
+            ("gated", []) => Err(PortError::determinate(
+                "give",
+                format!("bucket {} is closed or recovering", t.to),
+            )),
             _ => Err(bad_reply("give", &reply)),
         }
     }
@@ -661,7 +899,11 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
     }
 
     async fn ack(&self, plan: &StockPlan, t: &Transfer) -> PortResult<()> {
-        let keys = vec![stock_key(plan.activity, t.from), xfer_key(plan.activity, t.from)];
+        let keys = vec![
+            stock_key(plan.activity, t.from),
+            xfer_key(plan.activity, t.from),
+            gate_key(plan.activity, t.from),
+        ];
         let reply = self
             .run("ack", Script::Transfer, keys, vec!["ack".into(), t.id.clone()])
             .await?;
@@ -671,20 +913,32 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         }
     }
 
-    async fn rebuild(&self, plan: &StockPlan, bucket: BucketNo, image: &BucketImage) -> PortResult<()> {
-        let mut args = vec![image.stock.to_string(), image.buyers.len().to_string()];
+    async fn rebuild(
+        &self,
+        plan: &StockPlan,
+        bucket: BucketNo,
+        fence: &str,
+        image: &BucketImage,
+    ) -> PortResult<Rebuilt> {
+        let mut args = vec![
+            fence.to_string(),
+            image.stock.to_string(),
+            image.buyers.len().to_string(),
+        ];
         args.extend(image.buyers.iter().map(|u| u.to_string()));
+        args.push(image.held.len().to_string());
+        args.extend(image.held.iter().map(|r| r.to_string()));
         for (rid, qty) in &image.cancelled_released {
             args.push(format!("rel:{rid}"));
             args.push(qty.to_string());
         }
-        // The ledger's transfers, as one completed transfer each way.
-        if image.transfers_in > 0 {
-            args.extend(["give:rebuilt".into(), image.transfers_in.to_string()]);
+        // The journal's transfers, each as completed on its side.
+        for t in &image.transfers_out {
+            args.extend([format!("take:{}", t.id), format!("{}|{}", t.units, t.to)]);
+            args.extend([format!("ack:{}", t.id), "1".into()]);
         }
-        if image.transfers_out > 0 {
-            args.extend(["take:rebuilt".into(), format!("{}|{bucket}", image.transfers_out)]);
-            args.extend(["ack:rebuilt".into(), "1".into()]);
+        for t in &image.transfers_in {
+            args.extend([format!("give:{}", t.id), t.units.to_string()]);
         }
         let reply = self
             .run(
@@ -695,7 +949,13 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             )
             .await?;
         match tagged("rebuild", &reply)? {
-            ("rebuilt", [Reply::Int(_), Reply::Int(_)]) => Ok(()),
+            ("rebuilt", [Reply::Int(_), Reply::Int(_)]) => Ok(Rebuilt::Done),
+            ("fenced", []) => Ok(Rebuilt::Fenced),
+            ("open", [rid]) => Ok(Rebuilt::Open(
+                as_str(rid)
+                    .and_then(|r| r.parse().ok())
+                    .ok_or_else(|| bad_reply("rebuild", &reply))?,
+            )),
             _ => Err(bad_reply("rebuild", &reply)),
         }
     }

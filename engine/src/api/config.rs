@@ -30,8 +30,8 @@ pub struct ServeConfig {
     /// Take the client IP from this header (set by a proxy we trust), not from the socket.
     pub trusted_proxy_header: Option<String>,
     pub rate: RateLimits,
-    /// Run the order consumer and the self-healing jobs in this process.
-    pub run_consumer: bool,
+    /// The roles this process runs (DESIGN §11.1); all three by default.
+    pub roles: crate::roles::Roles,
 }
 
 impl Default for ServeConfig {
@@ -50,7 +50,7 @@ impl Default for ServeConfig {
                 per_ip_per_sec: 2_000,
                 ramp_ms: 0,
             },
-            run_consumer: true,
+            roles: crate::roles::Roles::ALL,
         }
     }
 }
@@ -80,7 +80,7 @@ struct FileConfig {
     request_timeout_ms: Option<u64>,
     body_limit_bytes: Option<u64>,
     trusted_proxy_header: Option<String>,
-    run_consumer: Option<bool>,
+    roles: Option<String>,
     rate_limit: Option<FileRates>,
 }
 
@@ -190,18 +190,10 @@ impl ServeConfig {
             }
             None => None,
         };
-        let run_consumer = match env("SECKILL_RUN_CONSUMER") {
-            Some(v) => match v.trim() {
-                "1" | "true" => true,
-                "0" | "false" => false,
-                other => {
-                    return Err(bad(
-                        "SECKILL_RUN_CONSUMER",
-                        format!("{other:?} is not true/false"),
-                    ))
-                }
-            },
-            None => f.run_consumer.unwrap_or(d.run_consumer),
+        let roles = match (env("SECKILL_ROLES"), f.roles) {
+            (Some(v), _) => crate::roles::Roles::parse(&v).map_err(|e| bad("SECKILL_ROLES", e))?,
+            (None, Some(v)) => crate::roles::Roles::parse(&v).map_err(|e| bad("roles", e))?,
+            (None, None) => d.roles,
         };
         let per_sec = 1..=10_000_000;
         Ok(ServeConfig {
@@ -274,7 +266,7 @@ impl ServeConfig {
                     d.rate.ramp_ms,
                 )?,
             },
-            run_consumer,
+            roles,
         })
     }
 }
@@ -328,9 +320,15 @@ mod tests {
             "SECKILL_TOKEN_SECRET"
         );
         assert_eq!(key("trusted_proxy_header = \"x y\"", &[]), "trusted_proxy_header");
+        assert_eq!(key("", &[("SECKILL_ROLES", "api,maybe")]), "SECKILL_ROLES");
+        assert_eq!(key("roles = \"api,api\"", &[]), "roles");
         assert_eq!(
-            key("", &[("SECKILL_RUN_CONSUMER", "maybe")]),
-            "SECKILL_RUN_CONSUMER"
+            load("roles = \"worker\"", &[("SECKILL_ROLES", "api,jobs")])
+                .unwrap()
+                .roles
+                .to_string(),
+            "api,jobs",
+            "the environment wins"
         );
         let e = load("lisen = \"127.0.0.1:1\"", &[]).unwrap_err();
         assert!(e.reason.contains("lisen"), "{e}");

@@ -18,7 +18,7 @@ pub mod serve;
 pub mod token;
 
 use crate::clock::Clock;
-use crate::service::PurchaseService;
+use crate::roles::ApiRole;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use limits::Limits;
@@ -32,10 +32,10 @@ pub use routes::{router, ROUTES};
 /// Everything a request may need. Shared behind an `Arc`; the only lock is the nonce RNG's
 /// (a std Mutex held for one `next_u64`, never across an await).
 pub struct Api<C, B, L, N> {
-    pub service: PurchaseService<C, B>,
-    pub cache: C,
-    pub bus: B,
-    pub ledger: L,
+    /// The `api` role this server wraps: purchase service, refresher, admin operations.
+    pub core: ApiRole<C, B, L>,
+    /// The roles this process runs (readiness is per role).
+    pub roles: crate::roles::Roles,
     pub nonces: N,
     pub signer: TokenSigner,
     pub limits: Limits,

@@ -6,7 +6,8 @@ use super::nonce::NonceStore;
 use super::{ApiError, Shared};
 use crate::domain::{Activity, ActivityId, ActivityState, ReservationId, StockPlan, UserId};
 use crate::jobs::{self, ReconcileConfig};
-use crate::ports::{CancelOutcome, Ledger, OrderBus, PayOutcome, ReleaseKind, StockCache};
+use crate::ports::{CancelOutcome, GateWrite, Ledger, OrderBus, PayOutcome, ReleaseKind, StockCache};
+use crate::service::admin::{AdminError, Warmed};
 use crate::service::consumer::ORDER_GROUP;
 use crate::service::{audit, order_status, PurchaseError, PurchaseOutcome};
 use axum::body::Bytes;
@@ -266,7 +267,13 @@ fn known<C: StockCache, B: OrderBus, L, N>(
     api: &Shared<C, B, L, N>,
     a: ActivityId,
 ) -> Result<(Activity, ActivityState), ApiError> {
-    api.service.activity(a).ok_or_else(|| unknown_activity(a))
+    if !api.roles.api {
+        return Err(ApiError::unavailable(format!(
+            "this process runs the roles {} (not api): send purchases to an api process",
+            api.roles
+        )));
+    }
+    api.core.service.activity(a).ok_or_else(|| unknown_activity(a))
 }
 
 fn rate_limited(l: super::limits::Limited) -> ApiError {
@@ -292,7 +299,7 @@ fn front<C: StockCache, B: OrderBus, L, N>(
     ip: Option<IpAddr>,
 ) -> Result<(), ApiError> {
     api.limits.check_global().map_err(rate_limited)?;
-    if let Some(answer) = api.service.precheck(activity.id(), user, qty) {
+    if let Some(answer) = api.core.service.precheck(activity.id(), user, qty) {
         let o = answer.map_err(purchase_error)?;
         return Err(outcome_error(&o).expect("memory never queues"));
     }
@@ -422,6 +429,7 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         Err(e) => return Err(ApiError::unavailable(format!("token store: {e}"))),
     }
     match api
+        .core
         .service
         .purchase(a, user, req.qty)
         .await
@@ -453,8 +461,8 @@ async fn order_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let a = id_from(&id)?;
     let user = UserId(path_id("user", &user).map_err(ApiError::bad_input)?);
     known(&api, a)?;
-    let plan = api.service.plan(a).ok_or_else(|| unknown_activity(a))?;
-    let view = order_status(&api.cache, &api.ledger, &plan, user)
+    let plan = api.core.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    let view = order_status(&api.core.cache, &api.core.ledger, &plan, user)
         .await
         .map_err(|e| ApiError::unavailable(e.to_string()))?;
     Ok(Json(
@@ -483,6 +491,7 @@ async fn pay<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Json<Value>, ApiError> {
     let id = reservation_from(&r)?;
     match api
+        .core
         .ledger
         .pay(id)
         .await
@@ -510,6 +519,7 @@ async fn cancel<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Json<Value>, ApiError> {
     let id = reservation_from(&r)?;
     match api
+        .core
         .ledger
         .cancel(id)
         .await
@@ -518,7 +528,7 @@ async fn cancel<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         CancelOutcome::Cancelled(r) => {
             // The unit goes back to its own bucket; if Redis is down now, the reconciler gives it
             // back later (a cancelled order not yet released).
-            let _ = api.cache.release(&r, ReleaseKind::Cancelled).await;
+            let _ = api.core.cache.release(&r, ReleaseKind::Cancelled).await;
             Ok(Json(json!({ "status": "cancelled" })))
         }
         CancelOutcome::AlreadyCancelled => Ok(Json(json!({ "status": "cancelled" }))),
@@ -566,15 +576,31 @@ fn store_error(e: impl std::fmt::Display) -> ApiError {
     ApiError::unavailable(e.to_string())
 }
 
-/// Warm the activity in Redis and open it on this engine (idempotent).
-async fn open_here<C: StockCache, B: OrderBus, L, N>(
-    api: &Shared<C, B, L, N>,
-    activity: Activity,
-) -> Result<Value, ApiError> {
-    let plan = StockPlan::new(&activity);
-    let report = api.cache.warmup(&plan).await.map_err(store_error)?;
-    api.service.load_activity(activity).await.map_err(store_error)?;
-    Ok(json!({ "buckets_created": report.created, "buckets_existing": report.existing }))
+fn admin_error(e: AdminError) -> ApiError {
+    match e {
+        AdminError::UnknownActivity(a) => unknown_activity(a),
+        AdminError::OtherPlan(a) => ApiError::new(
+            StatusCode::CONFLICT,
+            "activity_exists",
+            format!("activity {a} exists with another plan"),
+        )
+        .field("id"),
+        AdminError::BadIntent(_) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_input", e.to_string()),
+        AdminError::Busy { .. } => ApiError::unavailable(e.to_string()),
+        AdminError::Store(e) => store_error(e),
+    }
+}
+
+fn warmed_view(w: &Warmed) -> Value {
+    match w {
+        Warmed::FromPlan(r) => json!({
+            "warmup": "from_plan", "buckets_created": r.created, "buckets_existing": r.existing,
+        }),
+        Warmed::Recovered(r) => json!({
+            "warmup": "recovered", "cause": r.cause, "generation": r.generation,
+            "units_in_redis": r.stock, "buyer_marks": r.buyers, "rescued": r.rescued,
+        }),
+    }
 }
 
 async fn admin_create<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
@@ -586,20 +612,9 @@ async fn admin_create<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let spec = body::activity_spec(&bytes).map_err(ApiError::bad_input)?;
     let activity = Activity::new(spec)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_input", e.reason).field(e.field))?;
-    let plan = StockPlan::new(&activity);
     // Creating again with the same plan is idempotent; with another plan it is refused.
-    if let Some(existing) = api.ledger.activity(activity.id()).await.map_err(store_error)? {
-        if StockPlan::new(&existing).version != plan.version {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "activity_exists",
-                format!("activity {} exists with another plan", activity.id()),
-            )
-            .field("id"));
-        }
-    }
-    let created = api.ledger.install(&activity, &plan).await.map_err(store_error)?;
-    let mut view = open_here(&api, activity.clone()).await?;
+    let (created, warmed) = api.core.create(&activity).await.map_err(admin_error)?;
+    let mut view = warmed_view(&warmed);
     view["id"] = json!(activity.id().0);
     view["created"] = json!(created);
     let status = if created {
@@ -617,22 +632,11 @@ async fn admin_warmup<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Json<Value>, ApiError> {
     admin(&api, &headers)?;
     let a = id_from(&id)?;
-    let activity = api
-        .ledger
-        .activity(a)
-        .await
-        .map_err(store_error)?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_activity",
-                format!("activity {a} is not installed"),
-            )
-            .field("id")
-        })?;
-    Ok(Json(open_here(&api, activity).await?))
+    let warmed = api.core.warmup(a).await.map_err(admin_error)?;
+    Ok(Json(warmed_view(&warmed)))
 }
 
+/// Pause, resume, close: the registry, then every gate, for every process (§11.2).
 async fn set_state<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     api: Shared<C, B, L, N>,
     headers: HeaderMap,
@@ -641,13 +645,23 @@ async fn set_state<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Json<Value>, ApiError> {
     admin(&api, &headers)?;
     let a = id_from(&id)?;
-    let plan = api.service.plan(a).ok_or_else(|| unknown_activity(a))?;
-    api.cache
-        .set_state(&plan, state, None)
-        .await
-        .map_err(store_error)?;
-    api.service.refresh_states().await;
-    Ok(Json(json!({ "id": a.0, "state": state.as_str() })))
+    let (intent, gates) = api.core.set_intent(a, state).await.map_err(admin_error)?;
+    let recovering = gates.iter().filter(|g| **g == GateWrite::Recorded).count();
+    Ok(Json(json!({
+        "id": a.0, "state": state.as_str(), "version": intent.version,
+        "buckets_recovering": recovering,
+    })))
+}
+
+/// The plan of a registered activity, from the registry (whatever this process's roles).
+async fn registered_plan<C, B, L: Ledger, N>(
+    api: &Shared<C, B, L, N>,
+    a: ActivityId,
+) -> Result<StockPlan, ApiError> {
+    let activity = api.core.ledger.activity(a).await.map_err(store_error)?;
+    activity
+        .map(|x| StockPlan::new(&x))
+        .ok_or_else(|| unknown_activity(a))
 }
 
 async fn admin_reconcile<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
@@ -657,11 +671,11 @@ async fn admin_reconcile<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Json<Value>, ApiError> {
     admin(&api, &headers)?;
     let a = id_from(&id)?;
-    let plan = api.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    let plan = registered_plan(&api, a).await?;
     let r = jobs::reconcile(
-        &api.cache,
-        &api.ledger,
-        &api.bus,
+        &api.core.cache,
+        &api.core.ledger,
+        &api.core.bus,
         &plan,
         api.clock.now_ms(),
         &ReconcileConfig::default(),
@@ -678,9 +692,9 @@ async fn admin_audit<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Json<Value>, ApiError> {
     admin(&api, &headers)?;
     let a = id_from(&id)?;
-    let plan = api.service.plan(a).ok_or_else(|| unknown_activity(a))?;
-    let lag = api.bus.lag(ORDER_GROUP).await.map_err(store_error)?;
-    let snap = audit::snapshot(&api.cache, &api.ledger, &plan)
+    let plan = registered_plan(&api, a).await?;
+    let lag = api.core.bus.lag(ORDER_GROUP).await.map_err(store_error)?;
+    let snap = audit::snapshot(&api.core.cache, &api.core.ledger, &plan)
         .await
         .map_err(store_error)?;
     let quiescent = lag == 0;
@@ -708,17 +722,31 @@ async fn metrics_text<C, B, L, N>(State(api): State<Shared<C, B, L, N>>) -> Resp
     }
 }
 
-/// Every store answers within the request timeout.
+/// Ready for this process's roles (DESIGN §11.1): api = Redis answers and the registry was
+/// loaded; worker = Kafka and MySQL answer; jobs = all three.
 async fn ready<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
 ) -> Response {
-    let redis = api.cache.meta(ActivityId(0)).await.map(|_| ());
-    let ledger = api.ledger.activity(ActivityId(0)).await.map(|_| ());
-    let bus = api.bus.lag(ORDER_GROUP).await.map(|_| ());
-    let verdict =
-        |r: &Result<(), crate::ports::PortError>| r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into());
-    let body = json!({ "redis": verdict(&redis), "ledger": verdict(&ledger), "bus": verdict(&bus) });
-    let status = if redis.is_ok() && ledger.is_ok() && bus.is_ok() {
+    let roles = api.roles;
+    let redis = (roles.api || roles.jobs).then_some(api.core.cache.meta(ActivityId(0)).await.map(|_| ()));
+    let ledger =
+        (roles.worker || roles.jobs).then_some(api.core.ledger.activity(ActivityId(0)).await.map(|_| ()));
+    let bus = (roles.worker || roles.jobs).then_some(api.core.bus.lag(ORDER_GROUP).await.map(|_| ()));
+    let loaded = roles.api.then(|| api.core.loaded());
+    let verdict = |r: &Option<Result<(), crate::ports::PortError>>| match r {
+        None => Value::Null,
+        Some(Ok(())) => json!("ok"),
+        Some(Err(e)) => json!(e.to_string()),
+    };
+    let body = json!({
+        "roles": roles.to_string(), "redis": verdict(&redis), "ledger": verdict(&ledger),
+        "bus": verdict(&bus), "activities_loaded": loaded,
+    });
+    let ok = [&redis, &ledger, &bus]
+        .iter()
+        .all(|r| r.as_ref().is_none_or(|r| r.is_ok()))
+        && loaded.unwrap_or(true);
+    let status = if ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -8,10 +8,10 @@ use super::nonce::NonceStore;
 use super::token::TokenSigner;
 use super::{router, Api, Shared};
 use crate::clock::Clock;
-use crate::jobs::{self, RebalanceConfig, ReconcileConfig, RecoveryConfig};
+use crate::jobs::{RebalanceConfig, ReconcileConfig, RecoveryConfig};
 use crate::ports::{Ledger, OrderBus, StockCache};
+use crate::roles::{self, JobsConfig};
 use crate::service::consumer::{DEFAULT_MAX_BATCH, ORDER_GROUP};
-use crate::service::{OrderConsumer, PurchaseConfig, PurchaseService};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -22,21 +22,34 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-/// How often the engine re-reads activity states (pause / resume / recovery reach it this fast).
-const REFRESH_EVERY: Duration = Duration::from_millis(200);
-/// How often the jobs run over every activity open here.
+/// How often the `api` role re-reads the registry and the metas: a pause, resume, close or a new
+/// activity reaches every API process within two of these.
+pub const REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// How often the jobs run over every registered activity.
 const JOBS_EVERY: Duration = Duration::from_secs(2);
+/// How often the API role prunes its limiters' idle keys.
+const PRUNE_EVERY: Duration = Duration::from_secs(2);
 /// How often the recorder folds recorded histogram samples into its summaries. Until then it
 /// keeps every sample (8 bytes each, three per purchase); `/metrics` folds them too, but a
 /// server nobody scrapes would grow without bound — `install_recorder` leaves upkeep to us.
 const METRICS_UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
-fn recovery() -> RecoveryConfig {
+/// Recovery on the real stores: the publish window is the producer's delivery timeout (3 s)
+/// with a margin.
+pub fn recovery() -> RecoveryConfig {
     RecoveryConfig {
-        // Engines refresh every REFRESH_EVERY; a publish gives up after the producer's timeout.
         quiesce: Duration::from_secs(4),
         drain_timeout: Duration::from_secs(30),
         group: ORDER_GROUP.to_string(),
+        lease: Duration::from_secs(20),
+    }
+}
+
+fn jobs_config() -> JobsConfig {
+    JobsConfig {
+        recovery: recovery(),
+        reconcile: ReconcileConfig::default(),
+        rebalance: RebalanceConfig::default(),
     }
 }
 
@@ -115,18 +128,9 @@ pub fn api<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Shared<C, B, L, N>, String> {
     let signer = TokenSigner::new(&secrets.token_secret, cfg.token_ttl_ms)
         .map_err(|e| format!("token_secret: {e}"))?;
-    let mut service_rng = StdRng::seed_from_u64(rng.next_u64());
     Ok(Arc::new(Api {
-        service: PurchaseService::new(
-            stores.cache.clone(),
-            stores.bus.clone(),
-            clock,
-            PurchaseConfig::default(),
-            &mut service_rng,
-        ),
-        cache: stores.cache,
-        bus: stores.bus,
-        ledger: stores.ledger,
+        core: roles::api_role(stores.cache, stores.bus, stores.ledger, clock, recovery(), rng),
+        roles: cfg.roles,
         nonces: stores.nonces,
         signer,
         limits: Limits::new(&cfg.rate),
@@ -162,11 +166,13 @@ impl Running {
     }
 }
 
-/// Serve `api` on `listener`, with the consumer and the jobs when `run_consumer`.
+/// Serve `api` on `listener` and start the roles of `cfg.roles` beside it: the `api` role's
+/// refresher and limiter pruning, the `worker`'s consumer, the `jobs`. The HTTP listener runs
+/// whatever the roles (health, readiness, metrics and the admin operations are everyone's).
 pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     api: Shared<C, B, L, N>,
     listener: TcpListener,
-    run_consumer: bool,
+    rng: &mut impl RngCore,
 ) -> Result<Running, String> {
     let addr = listener.local_addr().map_err(|e| format!("listen: {e}"))?;
     let (stop, mut stopped) = watch::channel(false);
@@ -180,30 +186,93 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     });
     let consumer_stop = Arc::new(AtomicBool::new(false));
     let mut background = Vec::new();
-    if let Some(handle) = api.metrics.clone() {
+    // Every periodic task: `f` every `every` until the stop.
+    let every = |every: Duration,
+                 f: Box<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>| {
         let mut stopped = stop.subscribe();
-        background.push(tokio::spawn(async move {
+        tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    _ = tokio::time::sleep(METRICS_UPKEEP_EVERY) => handle.run_upkeep(),
+                    _ = tokio::time::sleep(every) => {}
+                    _ = stopped.wait_for(|s| *s) => return,
+                }
+                // Stopping mid-task is safe: every job is idempotent or fenced, as if the
+                // process had crashed there.
+                tokio::select! {
+                    _ = f() => {}
                     _ = stopped.wait_for(|s| *s) => return,
                 }
             }
-        }));
+        })
+    };
+    if let Some(handle) = api.metrics.clone() {
+        background.push(every(
+            METRICS_UPKEEP_EVERY,
+            Box::new(move || {
+                handle.run_upkeep();
+                Box::pin(async {})
+            }),
+        ));
     }
-    if run_consumer {
-        let source = api
-            .bus
-            .subscribe(ORDER_GROUP)
-            .await
-            .map_err(|e| format!("consumer: {e}"))?;
-        let mut consumer =
-            OrderConsumer::new(api.ledger.clone(), api.cache.clone(), source, DEFAULT_MAX_BATCH);
+    if api.roles.api {
+        // Load what is registered now, so a process that starts during a sale serves at once.
+        let _ = api.core.refresh().await;
+        let a = api.clone();
+        let mut stopped = stop.subscribe();
+        background.push(tokio::spawn(async move {
+            tokio::select! {
+                _ = a.core.run_refresher(REFRESH_EVERY) => {}
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        }));
+        let a = api.clone();
+        background.push(every(
+            PRUNE_EVERY,
+            Box::new(move || {
+                a.limits.prune();
+                Box::pin(async {})
+            }),
+        ));
+    }
+    if api.roles.worker {
+        let core = &api.core;
+        let mut consumer = roles::worker_role(
+            core.cache.clone(),
+            &core.bus,
+            core.ledger.clone(),
+            ORDER_GROUP,
+            DEFAULT_MAX_BATCH,
+        )
+        .await
+        .map_err(|e| format!("worker: {e}"))?;
         let flag = consumer_stop.clone();
         background.push(tokio::spawn(async move {
             consumer.run(&flag).await;
         }));
-        background.push(tokio::spawn(run_jobs(api.clone(), consumer_stop.clone())));
+    }
+    if api.roles.jobs {
+        let core = &api.core;
+        let jobs = Arc::new(roles::jobs_role(
+            core.cache.clone(),
+            core.bus.clone(),
+            core.ledger.clone(),
+            api.clock,
+            jobs_config(),
+            rng,
+        ));
+        background.push(every(
+            JOBS_EVERY,
+            Box::new(move || {
+                let jobs = jobs.clone();
+                Box::pin(async move {
+                    if let Ok(lag) = jobs.bus.lag(ORDER_GROUP).await {
+                        metrics::gauge!("seckill_consumer_lag").set(lag as f64);
+                    }
+                    let _ = jobs.pass().await;
+                    let _ = jobs.rebalance().await;
+                })
+            }),
+        ));
     }
     Ok(Running {
         addr,
@@ -212,47 +281,4 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         background,
         consumer_stop,
     })
-}
-
-/// State refresh, then every `JOBS_EVERY`: recovery, reconciliation, payment timeouts,
-/// rebalancing, gauges. A failed job is retried next round.
-async fn run_jobs<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
-    api: Shared<C, B, L, N>,
-    stop: Arc<AtomicBool>,
-) {
-    let mut since_jobs = Duration::ZERO;
-    while !stop.load(Ordering::Acquire) {
-        tokio::time::sleep(REFRESH_EVERY).await;
-        api.service.refresh_states().await;
-        since_jobs += REFRESH_EVERY;
-        if since_jobs < JOBS_EVERY {
-            continue;
-        }
-        since_jobs = Duration::ZERO;
-        api.limits.prune();
-        if let Ok(lag) = api.bus.lag(ORDER_GROUP).await {
-            metrics::gauge!("seckill_consumer_lag").set(lag as f64);
-        }
-        for a in api.service.activities() {
-            let Some(plan) = api.service.plan(a) else { continue };
-            let now = api.clock.now_ms();
-            let _ = jobs::recover_if_needed(&api.cache, &api.ledger, &api.bus, &plan, &recovery()).await;
-            if let Ok(r) = jobs::reconcile(
-                &api.cache,
-                &api.ledger,
-                &api.bus,
-                &plan,
-                now,
-                &ReconcileConfig::default(),
-            )
-            .await
-            {
-                metrics::gauge!("seckill_reconcile_differences", "activity" => a.to_string())
-                    .set(r.differences.len() as f64);
-                metrics::gauge!("seckill_open_reservations", "activity" => a.to_string()).set(r.open as f64);
-            }
-            let _ = jobs::cancel_unpaid(&api.cache, &api.ledger, &plan, now).await;
-            let _ = jobs::rebalance(&api.cache, &api.ledger, &plan, now, &RebalanceConfig::default()).await;
-        }
-    }
 }

@@ -10,7 +10,7 @@
 use crate::adapters::redis::RedisConn;
 use crate::adapters::script::{Reply, Script, ScriptConn, ScriptedStockCache};
 use crate::domain::{Activity, ActivityId, ActivitySpec, ReservationId, StockPlan, UserId};
-use crate::ports::{Ledger, OrderBus, PortError, StockCache};
+use crate::ports::{Ledger, OrderBus, StockCache};
 use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -531,7 +531,7 @@ impl Strategy for RawReserve {
     fn setup(&self, _stock: u64) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             ScriptedStockCache::new(self.conn.clone())
-                .warmup(&self.plan)
+                .warmup(&self.plan, &crate::ports::Intent::FIRST)
                 .await
                 .map_err(|e| e.to_string())?;
             self.conn
@@ -549,6 +549,7 @@ impl Strategy for RawReserve {
                 crate::adapters::script::stock_key(a, b),
                 crate::adapters::script::buyers_key(a, b),
                 crate::adapters::script::resv_key(a, b),
+                crate::adapters::script::gate_key(a, b),
             ];
             let id = ReservationId(self.next.fetch_add(1, Ordering::Relaxed) as u128);
             let args = [
@@ -581,11 +582,16 @@ impl<B: OrderBus> Strategy for ServiceReserve<B> {
     fn setup(&self, _stock: u64) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             let plan = StockPlan::new(&self.activity);
-            self.cache.warmup(&plan).await.map_err(|e| e.to_string())?;
-            self.service
-                .load_activity(self.activity.clone())
+            let intent = crate::ports::Intent::FIRST;
+            self.cache
+                .warmup(&plan, &intent)
                 .await
-                .map_err(|e: PortError| e.to_string())
+                .map_err(|e| e.to_string())?;
+            self.service.load_activity(&crate::ports::Registered {
+                activity: self.activity.clone(),
+                intent,
+            });
+            Ok(())
         })
     }
 

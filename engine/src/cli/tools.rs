@@ -188,7 +188,11 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
 }
 
 /// `seckill serve`: settings, stores, then the API until SIGTERM or Ctrl-C.
-pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::SocketAddr>) -> ExitCode {
+pub fn serve(
+    config: Option<std::path::PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+    roles: Option<crate::roles::Roles>,
+) -> ExitCode {
     use crate::api::config::ServeConfig;
     use crate::api::nonce::RedisNonces;
     use crate::api::serve::{self, Secrets, Stores};
@@ -214,6 +218,9 @@ pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::Socket
     };
     if let Some(addr) = listen {
         cfg.listen = addr;
+    }
+    if let Some(roles) = roles {
+        cfg.roles = roles;
     }
     let _ = tracing_subscriber::fmt()
         .json()
@@ -257,7 +264,7 @@ pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::Socket
                 tracing::warn!("no store settings: serving on the embedded stores (in memory, not durable)");
                 let stores = Stores::embedded();
                 let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
-                let running = serve::start(api, listener, cfg.run_consumer).await?;
+                let running = serve::start(api, listener, &mut rng).await?;
                 tracing::info!(addr = %running.addr, "listening");
                 shutdown.await?;
                 running.shutdown().await.map_err(|e| e.to_string())?;
@@ -274,8 +281,8 @@ pub fn serve(config: Option<std::path::PathBuf>, listen: Option<std::net::Socket
                 };
                 let pool = stores.ledger.pool().clone();
                 let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
-                let running = serve::start(api, listener, cfg.run_consumer).await?;
-                tracing::info!(addr = %running.addr, "listening on the real stores");
+                let running = serve::start(api, listener, &mut rng).await?;
+                tracing::info!(addr = %running.addr, roles = %cfg.roles, "listening on the real stores");
                 let gauges = tokio::spawn(async move {
                     loop {
                         metrics::gauge!("seckill_ledger_pool_connections").set(pool.size() as f64);
@@ -420,6 +427,7 @@ pub fn bench(opts: BenchOptions) -> ExitCode {
                     bucket: plan.route(user),
                     qty: 1,
                     reserved_at_ms: wall_now_ms(),
+                    generation: 0,
                 };
                 real.bus.publish(&r).await.map_err(|e| e.to_string())?;
             }

@@ -25,9 +25,18 @@ pub struct ActivitySpec {
     pub pay_timeout_ms: u64,
 }
 
-/// A validated activity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A validated activity (deserializing validates too).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ActivitySpec")]
 pub struct Activity(ActivitySpec);
+
+impl TryFrom<ActivitySpec> for Activity {
+    type Error = InvalidField;
+
+    fn try_from(spec: ActivitySpec) -> Result<Activity, InvalidField> {
+        Activity::new(spec)
+    }
+}
 
 /// A bad input, naming the field it came from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,7 +113,8 @@ impl Activity {
     }
 }
 
-/// `sk:{A}:meta` field `state`: what the purchase path may do right now.
+/// An activity's sale state. The registry holds the operator's intent (open / paused / closed);
+/// a bucket's gate holds what the reserve obeys, which is also `recovering` during a recovery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActivityState {

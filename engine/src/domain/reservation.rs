@@ -1,5 +1,6 @@
 //! A reservation — units taken from one bucket for one user — and its wire form on the bus
-//! (DESIGN §5): `{"v":1,"reservation_id","activity_id","user_id","bucket","qty","reserved_at_ms"}`.
+//! (DESIGN §5): `{"v":2,"reservation_id","activity_id","user_id","bucket","qty","reserved_at_ms",
+//! "generation"}`. A v1 message (no `generation`) still decodes, as generation 0.
 //!
 //! Decoding is strict: an unknown version, a missing or extra field, a wrong type or a zero
 //! quantity is an error naming the field, and such a message goes to the dead-letter topic.
@@ -7,7 +8,7 @@
 use super::ids::{ActivityId, BucketNo, ReservationId, UserId};
 use serde::{Deserialize, Serialize};
 
-pub const ORDER_EVENT_VERSION: u32 = 1;
+pub const ORDER_EVENT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
@@ -18,10 +19,13 @@ pub struct Reservation {
     pub bucket: BucketNo,
     pub qty: u32,
     pub reserved_at_ms: u64,
+    /// The activity's generation when the units were reserved (the gate's, DESIGN §11.3): the
+    /// ledger refuses an order of an older generation than the registry's.
+    pub generation: u64,
 }
 
 #[derive(Serialize)]
-struct WireV1 {
+struct Wire {
     v: u32,
     reservation_id: ReservationId,
     activity_id: ActivityId,
@@ -29,9 +33,10 @@ struct WireV1 {
     bucket: BucketNo,
     qty: u32,
     reserved_at_ms: u64,
+    generation: u64,
 }
 
-const FIELDS: [&str; 7] = [
+const FIELDS: [&str; 8] = [
     "v",
     "reservation_id",
     "activity_id",
@@ -39,6 +44,7 @@ const FIELDS: [&str; 7] = [
     "bucket",
     "qty",
     "reserved_at_ms",
+    "generation",
 ];
 
 /// Why a message could not be decoded.
@@ -53,7 +59,7 @@ impl Reservation {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let wire = WireV1 {
+        let wire = Wire {
             v: ORDER_EVENT_VERSION,
             reservation_id: self.id,
             activity_id: self.activity,
@@ -61,6 +67,7 @@ impl Reservation {
             bucket: self.bucket,
             qty: self.qty,
             reserved_at_ms: self.reserved_at_ms,
+            generation: self.generation,
         };
         serde_json::to_vec(&wire).expect("serializing plain numbers and strings cannot fail")
     }
@@ -90,11 +97,14 @@ impl Reservation {
             u32::try_from(n).map_err(|_| DecodeError(format!("field `{name}`: {n} is too large")))
         };
         // The version first, so a v2 message says "unsupported version", not "unknown field".
-        match uint("v") {
-            Ok(v) if v == ORDER_EVENT_VERSION as u64 => {}
-            Ok(v) => return Err(DecodeError(format!("field `v`: unsupported version {v}"))),
-            Err(e) => return Err(e),
-        }
+        let generation = match uint("v")? {
+            1 if obj.contains_key("generation") => {
+                return Err(DecodeError("unknown field `generation` (a v1 message)".into()))
+            }
+            1 => 0,
+            2 => uint("generation")?,
+            v => return Err(DecodeError(format!("field `v`: unsupported version {v}"))),
+        };
         let id = match obj.get("reservation_id") {
             None => return Err(DecodeError("missing field `reservation_id`".into())),
             Some(serde_json::Value::String(s)) => s
@@ -117,6 +127,7 @@ impl Reservation {
             bucket: BucketNo(small("bucket")?),
             qty,
             reserved_at_ms: uint("reserved_at_ms")?,
+            generation,
         })
     }
 }
@@ -133,6 +144,7 @@ mod tests {
             bucket: BucketNo(5),
             qty: 1,
             reserved_at_ms: 1_700_000_000_000,
+            generation: 4,
         }
     }
 
@@ -142,10 +154,16 @@ mod tests {
         let bytes = r.encode();
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),
-            r#"{"v":1,"reservation_id":"00000000000000000000000000000abc","activity_id":3,"user_id":77,"bucket":5,"qty":1,"reserved_at_ms":1700000000000}"#
+            r#"{"v":2,"reservation_id":"00000000000000000000000000000abc","activity_id":3,"user_id":77,"bucket":5,"qty":1,"reserved_at_ms":1700000000000,"generation":4}"#
         );
         assert_eq!(Reservation::decode(&bytes), Ok(r.clone()));
         assert_eq!(r.bus_key(), "3.5");
+        // A v1 message (before generations) is generation 0.
+        let v1 = r#"{"v":1,"reservation_id":"00000000000000000000000000000abc","activity_id":3,"user_id":77,"bucket":5,"qty":1,"reserved_at_ms":1700000000000}"#;
+        assert_eq!(
+            Reservation::decode(v1.as_bytes()),
+            Ok(Reservation { generation: 0, ..r })
+        );
     }
 
     #[test]
@@ -154,8 +172,20 @@ mod tests {
         let cases = [
             ("{", "not JSON"),
             (r#"{"reservation_id":"x"}"#, "`v`"),
-            (&good.replace(r#""v":1"#, r#""v":2"#), "unsupported version 2"),
-            (&good.replace(r#""v":1"#, r#""v":"1""#), "field `v`"),
+            (&good.replace(r#""v":2"#, r#""v":3"#), "unsupported version 3"),
+            (&good.replace(r#""v":2"#, r#""v":"2""#), "field `v`"),
+            (
+                &good.replace(r#","generation":4"#, ""),
+                "missing field `generation`",
+            ),
+            (
+                &good.replace(r#""v":2"#, r#""v":1"#),
+                "unknown field `generation`",
+            ),
+            (
+                &good.replace(r#""generation":4"#, r#""generation":-4"#),
+                "field `generation`",
+            ),
             (&good.replace(r#","qty":1"#, ""), "missing field `qty`"),
             (
                 &good.replace(r#""qty":1"#, r#""qty":0"#),

@@ -11,4 +11,6 @@ pub mod recover;
 pub use pay_timeout::cancel_unpaid;
 pub use rebalance::{rebalance, RebalanceConfig};
 pub use reconcile::{reconcile, Difference, ReconcileConfig, ReconcileReport};
-pub use recover::{recover_if_needed, RecoveryConfig, RecoveryReport};
+pub use recover::{
+    needs_recovery, new_fence, recover, recover_if_needed, Busy, Recovery, RecoveryConfig, RecoveryReport,
+};

@@ -32,17 +32,25 @@ pub async fn finish<C: StockCache, L: Ledger>(
     cache.ack(plan, t).await
 }
 
-/// One pass: the transfers it completed.
+/// One pass: the transfers it completed. `runner` is this process's random id (from its seeded
+/// RNG): transfer ids must be unique across every process that runs the rebalancer.
 pub async fn rebalance<C: StockCache, L: Ledger>(
     cache: &C,
     ledger: &L,
     plan: &StockPlan,
     now_ms: u64,
+    runner: &str,
     cfg: &RebalanceConfig,
 ) -> PortResult<Vec<Transfer>> {
     let view = cache.summary(plan).await?;
-    let lost = view.buckets.iter().any(|b| b.stock.is_none());
-    if lost || view.meta.as_ref().is_none_or(|m| m.state != ActivityState::Open) {
+    // Only over a healthy, open sale: every gate open (a paused or recovering bucket is left
+    // alone), nothing lost, no recovery under way.
+    let healthy = view.meta.as_ref().is_some_and(|m| m.claim.is_none())
+        && view
+            .buckets
+            .iter()
+            .all(|b| b.stock.is_some() && b.gate.as_ref().is_some_and(|g| g.state == ActivityState::Open));
+    if !healthy {
         return Ok(Vec::new());
     }
     // Business buckets only: the fallback already serves everyone.
@@ -62,7 +70,7 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
             break;
         }
         let t = Transfer {
-            id: format!("{now_ms:x}-{from}-{to}"),
+            id: format!("{runner}-{now_ms:x}-{from}-{to}"),
             from,
             to,
             units: (units / 2).max(1),

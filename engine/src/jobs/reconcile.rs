@@ -10,8 +10,8 @@
 //! - what remains of `redis stock + open + sold − transfers in + out − initial` after the above is
 //!   explained is reported as a `Difference` — never "fixed" by guessing.
 //!
-//! It leaves an activity alone while Redis has lost it (no meta or missing stock keys) or it is
-//! recovering: that is the recovery job's.
+//! It leaves an activity alone while Redis has lost it (no meta, a missing stock key or gate) or
+//! a recovery is under way (a claim, a recovering gate): that is the recovery job's.
 
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{Ledger, OrderBus, PortResult, ReleaseKind, StockCache, Transfer};
@@ -118,13 +118,13 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     };
     #[cfg(not(madsim))]
     let view = cache.summary(plan).await?;
-    let lost = view.buckets.iter().any(|b| b.stock.is_none());
-    if lost
-        || view
-            .meta
-            .as_ref()
-            .is_none_or(|m| m.state == ActivityState::Recovering)
-    {
+    let lost_or_recovering = view.buckets.iter().any(|b| {
+        b.stock.is_none()
+            || b.gate
+                .as_ref()
+                .is_none_or(|g| g.state == ActivityState::Recovering)
+    });
+    if lost_or_recovering || view.meta.as_ref().is_none_or(|m| m.claim.is_some()) {
         report.skipped = true;
         return Ok(report);
     }
@@ -200,18 +200,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             - plan.initial(b.bucket) as i64;
         #[cfg(madsim)]
         if units != 0 && crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
-            let image = crate::ports::BucketImage {
-                stock: (stock - units).max(0) as u64,
-                buyers: b.buyers.clone(),
-                cancelled_released: b
-                    .cancelled_released
-                    .iter()
-                    .filter_map(|id| db.cancelled.iter().find(|r| r.id == *id).map(|r| (*id, r.qty)))
-                    .collect(),
-                transfers_in: b.transfers_in,
-                transfers_out: b.transfers_out,
-            };
-            let _ = cache.rebuild(plan, b.bucket, &image).await;
+            planted_reset(cache, plan, b, (stock - units).max(0) as u64, &db).await;
         }
         if units != 0 {
             report.differences.push(Difference {
@@ -226,7 +215,13 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         .map(|action| async move {
             let done = match &action {
                 Action::Settle(r) => cache.settle(r).await,
-                Action::Republish(r) => bus.publish(r).await.map(|()| true),
+                // Adopted first: the purchase that failed to publish it can no longer give it
+                // back (it answers "queued" instead), so a republished order is never one the
+                // user was told did not happen.
+                Action::Republish(r) => match cache.adopt(r).await {
+                    Ok(true) => bus.publish(r).await.map(|()| true),
+                    other => other,
+                },
                 Action::Resolve { user, keep } => {
                     cache.resolve_pending(plan, *user, *keep).await.map(|()| true)
                 }
@@ -254,4 +249,53 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         }
     }
     Ok(report)
+}
+
+/// Planted `ReconcilerResetsStock`: "fix" a difference by rebuilding the bucket at the stock that
+/// would hide it (through the recovery's own scripts, under a fence of its own).
+#[cfg(madsim)]
+async fn planted_reset<C: StockCache>(
+    cache: &C,
+    plan: &StockPlan,
+    b: &crate::ports::CacheBucket,
+    stock: u64,
+    db: &crate::ports::ReconcileView,
+) {
+    const FENCE: &str = "planted";
+    let Some(gate) = b.gate.clone() else { return };
+    let side = |units: u64, from: BucketNo, to: BucketNo| {
+        (units > 0).then(|| Transfer {
+            id: format!("planted{}", to.0),
+            from,
+            to,
+            units,
+        })
+    };
+    let image = crate::ports::BucketImage {
+        stock,
+        buyers: b.buyers.clone(),
+        held: b.open.iter().map(|r| r.id).collect(),
+        cancelled_released: b
+            .cancelled_released
+            .iter()
+            .filter_map(|id| db.cancelled.iter().find(|r| r.id == *id).map(|r| (*id, r.qty)))
+            .collect(),
+        transfers_out: side(b.transfers_out, b.bucket, BucketNo(u32::MAX))
+            .into_iter()
+            .collect(),
+        transfers_in: side(b.transfers_in, BucketNo(u32::MAX), b.bucket)
+            .into_iter()
+            .collect(),
+    };
+    let intent = crate::ports::Intent {
+        state: gate.intent,
+        version: gate.version,
+        generation: gate.generation,
+    };
+    if cache.close_gates(plan, FENCE).await.is_ok() {
+        let _ = cache.rebuild(plan, b.bucket, FENCE, &image).await;
+        for bucket in plan.all_buckets() {
+            let _ = cache.reopen(plan, bucket, FENCE, &intent).await;
+        }
+    }
 }

@@ -1,25 +1,37 @@
-//! Recovery after Redis lost data (DESIGN §7): a restart without persistence, or with the last
-//! AOF window lost — where Redis comes back with stale, too-high stock and forgotten buyer marks.
+//! Fenced recovery after Redis lost data (DESIGN §11.3): a restart without persistence, a lost
+//! AOF window, a failover to a lagging replica — where Redis comes back with stale, too-high
+//! stock and forgotten buyer marks, or with nothing.
 //!
-//! Detection: `sk:{A}:meta` records the Redis run id it was written under (its epoch). No meta,
-//! or an epoch that is not the server's current run id, means Redis restarted since the last
-//! warmup or rebuild. Then: state `recovering` (purchases answer Unavailable), wait for the
-//! engines to notice and for publishes in flight to land, wait until the consumers have drained
-//! the topic, rebuild every bucket from the ledger (remaining stock, buyer marks, nothing open),
-//! and reopen with the current epoch. Never rebuild while messages are in flight: an order the
-//! ledger has not applied yet would be sold again.
+//! 1. Detect: the meta's epoch is not the server's run id now, or the meta, a stock key or a gate
+//!    is missing, or a claim or a recovering gate was left behind by a runner that died.
+//! 2. Claim the activity with a fresh fence; the claim's deadline is Redis's own `TIME`. A live
+//!    claim of another runner is left alone; an expired one is taken over.
+//! 3. Close every gate with the fence: from here no reserve and no transfer succeeds.
+//! 4. Wait out the publish window (a reserve made before the close may still be publishing) and
+//!    drain the order topic.
+//! 5. Rescue the outbox: every open reservation the ledger lacks is republished (adopted first,
+//!    so that its purchase cannot give it back meanwhile), stamped with the registry's current
+//!    generation (it is in Redis now, so it is no zombie); drain again.
+//! 6. Bump the generation (the ledger refuses older orders from here on), snapshot the ledger in
+//!    one consistent read, rebuild every bucket under the fence.
+//! 7. Reopen bucket by bucket to the registry's current intent with the new generation, then
+//!    finish the claim with the current run id as the epoch.
+//!
+//! Several runners may race: correctness rests on the fences in the gates (`rebuild.lua` and
+//! `gate.lua`'s reopen refuse a gate that another claim closed), not on the claim's lease.
 
-use crate::domain::{ActivityState, StockPlan, UserId};
+use crate::domain::{ActivityState, Reservation, StockPlan, UserId};
 use crate::ports::{
-    BucketImage, JournalKind, Ledger, OrderBus, OrderStatus, PortError, PortResult, StockCache,
+    BucketImage, Claim, JournalKind, Ledger, OrderBus, OrderStatus, PortError, PortResult, Rebuilt,
+    StockCache, Transfer,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct RecoveryConfig {
-    /// After setting `recovering`: long enough for every engine to refresh its activity state
-    /// and for a publish already under way to finish (or time out).
+    /// The publish window: a publish started before the gates closed has finished (or timed
+    /// out) after this long — the producer's delivery timeout, with a margin.
     pub quiesce: Duration,
     /// Give up (and retry on the next pass) if the topic's lag has not fallen for this long. A
     /// slow drain is waited out: a backlog of a whole sale takes the consumers a while, and
@@ -27,20 +39,110 @@ pub struct RecoveryConfig {
     pub drain_timeout: Duration,
     /// The consumer group whose lag must reach zero.
     pub group: String,
+    /// How long a claim lives without renewal (renewed at every step and while waiting).
+    pub lease: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoveryReport {
+    /// Why the recovery ran.
+    pub cause: String,
     pub epoch: String,
+    pub generation: u64,
     pub buckets: u32,
     pub buyers: u64,
     pub stock: u64,
+    /// Open reservations the ledger lacked, republished from the outbox.
+    pub rescued: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovery {
+    /// Redis holds the activity as the last warmup or recovery left it.
+    NotNeeded,
+    Busy(Busy),
+    Recovered(RecoveryReport),
+}
+
+/// Another runner holds a live claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Busy {
+    pub fence: String,
+    pub ms_left: u64,
+}
+
+/// A fresh fence from the caller's (seeded) RNG.
+pub fn new_fence(rng: &mut impl rand::RngCore) -> String {
+    format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64())
+}
+
+/// Step 1: why this activity needs a recovery, if it does.
+pub async fn needs_recovery<C: StockCache>(cache: &C, plan: &StockPlan) -> PortResult<Option<String>> {
+    let epoch = cache.epoch().await?;
+    let view = cache.summary(plan).await?;
+    let Some(meta) = view.meta else {
+        return Ok(Some("the activity's meta is missing".into()));
+    };
+    if let Some(fence) = meta.claim {
+        return Ok(Some(format!("claim {fence} has not finished")));
+    }
+    if meta.epoch.as_deref() != Some(epoch.as_str()) {
+        return Ok(Some(format!(
+            "Redis run id is {epoch}, the activity was rebuilt under {}",
+            meta.epoch.as_deref().unwrap_or("none")
+        )));
+    }
+    for b in &view.buckets {
+        match (&b.stock, &b.gate) {
+            (None, _) => return Ok(Some(format!("bucket {} has no stock key", b.bucket))),
+            (_, None) => return Ok(Some(format!("bucket {} has no gate", b.bucket))),
+            (_, Some(g)) if g.state == ActivityState::Recovering => {
+                return Ok(Some(format!("bucket {} was left recovering", b.bucket)))
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
+/// A claim held while the recovery works: renewed at every step, so a runner that lost it
+/// (paused past its lease and taken over) stops at its next step. The fences in the gates
+/// protect the buckets even if it does not.
+struct Held<'a, C> {
+    cache: &'a C,
+    plan: &'a StockPlan,
+    fence: &'a str,
+    lease_ms: u64,
+}
+
+impl<C: StockCache> Held<'_, C> {
+    async fn keep(&self) -> PortResult<()> {
+        if self.cache.renew(self.plan, self.fence, self.lease_ms).await? {
+            Ok(())
+        } else {
+            Err(PortError::determinate(
+                "recover",
+                format!("claim {} was taken over", self.fence),
+            ))
+        }
+    }
+
+    /// Give up: let the next pass (of any runner) claim again at once. The gates stay closed.
+    async fn release(&self) {
+        let _ = self.cache.renew(self.plan, self.fence, 0).await;
+    }
 }
 
 /// Wait until the consumer group has committed everything on the order topic; fail only if the
 /// lag stops falling for `drain_timeout` (measured on the tokio clock, lag calls included).
-async fn drain<B: OrderBus>(bus: &B, cfg: &RecoveryConfig) -> PortResult<()> {
+async fn drain<B: OrderBus, C: StockCache>(
+    bus: &B,
+    cfg: &RecoveryConfig,
+    held: &Held<'_, C>,
+) -> PortResult<()> {
     let step = Duration::from_millis(50);
+    let renew_every = Duration::from_millis(held.lease_ms / 4).max(step);
+    let mut renewed_at = tokio::time::Instant::now();
     let mut lowest = u64::MAX;
     let mut progress_at = tokio::time::Instant::now();
     loop {
@@ -60,50 +162,152 @@ async fn drain<B: OrderBus>(bus: &B, cfg: &RecoveryConfig) -> PortResult<()> {
                 ),
             ));
         }
+        if renewed_at.elapsed() >= renew_every {
+            held.keep().await?;
+            renewed_at = tokio::time::Instant::now();
+        }
         tokio::time::sleep(step).await;
     }
 }
 
+/// Sleep `d`, renewing the claim on the way.
+async fn wait<C: StockCache>(d: Duration, held: &Held<'_, C>) -> PortResult<()> {
+    let slice = Duration::from_millis(held.lease_ms / 4).max(Duration::from_millis(50));
+    let until = tokio::time::Instant::now() + d;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(slice.min(until - tokio::time::Instant::now())).await;
+        held.keep().await?;
+    }
+    Ok(())
+}
+
+/// Recover the activity if it needs it (§11.3), under `fence` (see `new_fence`).
 pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
     cache: &C,
     ledger: &L,
     bus: &B,
     plan: &StockPlan,
     cfg: &RecoveryConfig,
-) -> PortResult<Option<RecoveryReport>> {
-    let epoch = cache.epoch().await?;
-    let meta = cache.meta(plan.activity).await?;
-    let fresh = meta
-        .as_ref()
-        .is_some_and(|m| m.epoch.as_deref() == Some(epoch.as_str()) && m.state != ActivityState::Recovering);
-    if fresh {
-        return Ok(None);
-    }
-    // A paused or closed activity stays so after the rebuild.
-    let reopen = match meta.as_ref().map(|m| m.state) {
-        Some(s @ (ActivityState::Paused | ActivityState::Closed)) => s,
-        _ => ActivityState::Open,
+    fence: &str,
+) -> PortResult<Recovery> {
+    let Some(cause) = needs_recovery(cache, plan).await? else {
+        return Ok(Recovery::NotNeeded);
     };
-    cache.set_state(plan, ActivityState::Recovering, None).await?;
+    Ok(
+        match recover(cache, ledger, bus, plan, cfg, fence, cause).await? {
+            Ok(report) => Recovery::Recovered(report),
+            Err(busy) => Recovery::Busy(busy),
+        },
+    )
+}
+
+/// Run the fenced recovery now, whatever the detection says (warmup of an activity that already
+/// has orders runs it, DESIGN §11.2).
+pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+    cfg: &RecoveryConfig,
+    fence: &str,
+    cause: String,
+) -> PortResult<Result<RecoveryReport, Busy>> {
+    let lease_ms = cfg.lease.as_millis().max(1) as u64;
+    if let Claim::Busy { fence, ms_left } = cache.claim(plan, fence, lease_ms).await? {
+        return Ok(Err(Busy { fence, ms_left }));
+    }
+    metrics::counter!("seckill_recovery_runs_total", "activity" => plan.activity.to_string()).increment(1);
+    let held = Held {
+        cache,
+        plan,
+        fence,
+        lease_ms,
+    };
+    let outcome = recover_claimed(cache, ledger, bus, plan, cfg, &held, cause).await;
+    if outcome.is_err() {
+        held.release().await;
+    }
+    outcome.map(Ok)
+}
+
+async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+    cfg: &RecoveryConfig,
+    held: &Held<'_, C>,
+    cause: String,
+) -> PortResult<RecoveryReport> {
+    let fence = held.fence;
+    cache.close_gates(plan, fence).await?;
+
     #[cfg(madsim)]
     let in_flight_ok = crate::planted::on(crate::planted::Bug::RebuildWhileInFlight);
     #[cfg(not(madsim))]
     let in_flight_ok = false;
     if !in_flight_ok {
-        tokio::time::sleep(cfg.quiesce).await;
+        wait(cfg.quiesce, held).await?;
+        drain(bus, cfg, held).await?;
     }
 
-    if !in_flight_ok {
-        drain(bus, cfg).await?;
+    // Step 5: the outbox. What is still open in Redis and not in the ledger was told "queued".
+    let registry = ledger.registry(plan.activity).await?.ok_or_else(|| {
+        PortError::determinate("recover", format!("activity {} is not installed", plan.activity))
+    })?;
+    let open: Vec<Reservation> = cache
+        .summary(plan)
+        .await?
+        .buckets
+        .into_iter()
+        .flat_map(|b| b.open)
+        .collect();
+    let ids: BTreeSet<_> = open.iter().map(|r| r.id).collect();
+    let held_ids = ledger.reconcile_view(plan.activity, &ids).await?.held;
+    let mut rescued = 0u64;
+    #[cfg(madsim)]
+    let drop_outbox = crate::planted::on(crate::planted::Bug::RebuildDropsOutbox);
+    #[cfg(not(madsim))]
+    let drop_outbox = false;
+    for r in open.iter().filter(|r| !held_ids.contains(&r.id) && !drop_outbox) {
+        if !cache.adopt(r).await? {
+            continue; // settled or released meanwhile
+        }
+        let stamped = Reservation {
+            generation: registry.intent.generation,
+            ..r.clone()
+        };
+        match bus.publish(&stamped).await {
+            Ok(()) => {}
+            // It may be stored: the drain below tells, and the rebuild refuses if it was not.
+            Err(e) if e.is_indeterminate() => {}
+            Err(e) => return Err(e),
+        }
+        rescued += 1;
     }
+    if rescued > 0 && !in_flight_ok {
+        drain(bus, cfg, held).await?;
+    }
+    held.keep().await?;
 
+    // Step 6: from here the ledger refuses orders reserved before the loss.
+    let intent = ledger.bump_generation(plan.activity).await?;
     let db = ledger.snapshot(plan.activity).await?;
+    let epoch = cache.epoch().await?;
     let mut report = RecoveryReport {
+        cause,
         epoch: epoch.clone(),
+        generation: intent.generation,
         buckets: plan.units.len() as u32,
         buyers: 0,
         stock: 0,
+        rescued,
     };
+    // Fault point: a runner stalled between its snapshot and its rebuild (sales may have gone on
+    // under another runner's reopen meanwhile: only the fence keeps it from writing the past).
+    #[cfg(madsim)]
+    crate::planted::stall(2, Duration::from_millis(3_000)).await;
+    let transfers = journaled_transfers(&db.journal);
     for row in &db.buckets {
         let b = row.bucket;
         let mut buyers: BTreeSet<UserId> = BTreeSet::new();
@@ -118,26 +322,101 @@ pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
             if plan.route(r.user) == b || r.bucket == b {
                 buyers.insert(r.user);
             }
-            if r.bucket == b && o.status == OrderStatus::Cancelled {
-                image.cancelled_released.push((r.id, r.qty));
+            if r.bucket == b {
+                image.held.push(r.id);
+                if o.status == OrderStatus::Cancelled {
+                    image.cancelled_released.push((r.id, r.qty));
+                }
             }
         }
-        for j in db
-            .journal
-            .iter()
-            .filter(|j| j.bucket == b && j.kind == JournalKind::Transfer)
-        {
-            if j.delta > 0 {
-                image.transfers_in += j.delta as u64;
-            } else {
-                image.transfers_out += j.delta.unsigned_abs();
+        for t in &transfers {
+            if t.from == b {
+                image.transfers_out.push(t.clone());
             }
+            if t.to == b {
+                image.transfers_in.push(t.clone());
+            }
+        }
+        if drop_outbox {
+            // Planted: whatever is open in the bucket goes with the rebuild.
+            image
+                .held
+                .extend(open.iter().filter(|r| r.bucket == b).map(|r| r.id));
         }
         image.buyers = buyers.into_iter().collect();
         report.buyers += image.buyers.len() as u64;
         report.stock += image.stock;
-        cache.rebuild(plan, b, &image).await?;
+        match cache.rebuild(plan, b, fence, &image).await? {
+            Rebuilt::Done => {}
+            Rebuilt::Fenced => {
+                return Err(PortError::determinate(
+                    "recover",
+                    format!("bucket {b}: its gate carries another claim than {fence}"),
+                ))
+            }
+            Rebuilt::Open(rid) => {
+                return Err(PortError::determinate(
+                    "recover",
+                    format!("bucket {b}: reservation {rid} is open and not in the ledger yet"),
+                ))
+            }
+        }
     }
-    cache.set_state(plan, reopen, Some(&epoch)).await?;
-    Ok(Some(report))
+    held.keep().await?;
+
+    // Step 7: the registry's intent now — an operator's pause or close made meanwhile stands
+    // (the gates hold any newer one, and the reopen keeps the newer).
+    let now = ledger
+        .registry(plan.activity)
+        .await?
+        .map_or(intent.clone(), |r| r.intent);
+    let target = crate::ports::Intent {
+        generation: intent.generation,
+        ..now
+    };
+    #[cfg(madsim)]
+    let target = match crate::planted::on(crate::planted::Bug::ReopenOverPause) {
+        // Planted: back to the intent seen when the recovery began, over anything newer.
+        true => crate::ports::Intent {
+            version: 1_000_000_000,
+            ..registry.intent.clone()
+        },
+        false => target,
+    };
+    for b in plan.all_buckets() {
+        if !cache.reopen(plan, b, fence, &target).await? {
+            return Err(PortError::determinate(
+                "recover",
+                format!("bucket {b}: its gate carries another claim than {fence}"),
+            ));
+        }
+    }
+    if !cache.finish(plan, fence, &epoch).await? {
+        return Err(PortError::determinate(
+            "recover",
+            format!("claim {fence} was taken over before it finished"),
+        ));
+    }
+    Ok(report)
+}
+
+/// The journal's transfers: each id with the bucket it left and the bucket it reached (its two
+/// rows: the negative one on the source, the positive one on the target).
+fn journaled_transfers(journal: &[crate::ports::JournalEntry]) -> Vec<Transfer> {
+    let rows = || journal.iter().filter(|j| j.kind == JournalKind::Transfer);
+    let to: BTreeMap<&str, crate::domain::BucketNo> = rows()
+        .filter(|j| j.delta > 0)
+        .map(|j| (j.reference.as_str(), j.bucket))
+        .collect();
+    rows()
+        .filter(|j| j.delta < 0)
+        .filter_map(|j| {
+            Some(Transfer {
+                id: j.reference.clone(),
+                from: j.bucket,
+                to: *to.get(j.reference.as_str())?,
+                units: j.delta.unsigned_abs(),
+            })
+        })
+        .collect()
 }

@@ -27,18 +27,36 @@ pub struct BatchReport {
     pub redelivered: u64,
     pub duplicate_buyers: u64,
     pub out_of_stock: u64,
+    /// Orders refused for an older generation than the activity's (recorded failed).
+    pub stale_generation: u64,
     pub dead_lettered: u64,
     /// Settles/releases that failed and were left to the reconciler.
     pub followups_failed: u64,
 }
 
 impl BatchReport {
+    /// Count the batch in the process's metrics (exported from start, at zero).
+    pub fn record(&self) {
+        for (outcome, n) in [
+            ("created", self.created),
+            ("redelivered", self.redelivered),
+            ("duplicate_buyer", self.duplicate_buyers),
+            ("out_of_stock", self.out_of_stock),
+            ("stale_generation", self.stale_generation),
+            ("dead_lettered", self.dead_lettered),
+        ] {
+            metrics::counter!("seckill_consumer_orders_total", "outcome" => outcome).increment(n);
+        }
+        metrics::counter!("seckill_consumer_followups_failed_total").increment(self.followups_failed);
+    }
+
     pub fn add(&mut self, o: &BatchReport) {
         self.delivered += o.delivered;
         self.created += o.created;
         self.redelivered += o.redelivered;
         self.duplicate_buyers += o.duplicate_buyers;
         self.out_of_stock += o.out_of_stock;
+        self.stale_generation += o.stale_generation;
         self.dead_lettered += o.dead_lettered;
         self.followups_failed += o.followups_failed;
     }
@@ -154,6 +172,13 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
                     report.out_of_stock += 1;
                     false
                 }
+                // Reserved before a recovery and published after it (a process paused past the
+                // delivery timeout): the order is recorded failed. Its units are not in the
+                // rebuilt Redis, so nothing goes back; an entry still open is closed.
+                ApplyOutcome::StaleGeneration => {
+                    report.stale_generation += 1;
+                    false
+                }
                 ApplyOutcome::DuplicateBuyer { .. } => {
                     report.duplicate_buyers += 1;
                     true
@@ -188,12 +213,17 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
         loop {
             match self.run_once().await {
                 Ok(report) => {
+                    report.record();
                     total.add(&report);
                     if report.delivered == 0 && stop.load(Ordering::Acquire) {
                         return total;
                     }
                 }
-                Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+                Err(e) => {
+                    metrics::counter!("seckill_consumer_batch_failures_total").increment(1);
+                    tracing::warn!(error = %e, "order batch failed; it is delivered again");
+                    tokio::time::sleep(RETRY_PAUSE).await
+                }
             }
         }
     }

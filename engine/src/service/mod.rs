@@ -2,6 +2,7 @@
 //! and simulated backends: the purchase funnel, the order consumer, order status, and the
 //! invariants snapshot used by audits.
 
+pub mod admin;
 pub mod audit;
 pub mod consumer;
 pub mod purchase;

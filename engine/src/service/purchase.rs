@@ -15,7 +15,7 @@ use crate::domain::{
     Activity, ActivityId, ActivityState, BucketNo, InvalidField, Reservation, ReservationId, StockPlan,
     UserId,
 };
-use crate::ports::{OrderBus, PortError, ReleaseKind, ReserveOutcome, StockCache};
+use crate::ports::{Ledger, OrderBus, PortResult, Registered, ReleaseKind, ReserveOutcome, StockCache};
 use rand::RngCore;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,12 +88,15 @@ impl ReservationIds {
     }
 }
 
-/// What the purchase path knows about an activity without asking any store.
+/// What the purchase path knows about an activity without asking any store. An optimisation
+/// that answers doomed requests from memory; the gates in Redis are the authority (§11.2).
 struct LocalActivity {
     activity: Activity,
     plan: StockPlan,
-    /// `ActivityState` as last read from `sk:{A}:meta` (encoded by `state_code`).
-    state: AtomicU64,
+    /// The registry's intent as last read (encoded by `state_code`).
+    intent: AtomicU64,
+    /// A recovery is under way (the meta carries a claim, or Redis lost the meta).
+    recovering: std::sync::atomic::AtomicBool,
     /// Per bucket (fallback last): clock ms until which the bucket is known empty; 0 = unknown.
     empty_until_ms: Vec<AtomicU64>,
     /// The meta's `moves` when last refreshed: a change means units were moved between buckets.
@@ -113,7 +116,10 @@ fn state_code(s: ActivityState) -> u64 {
 
 impl LocalActivity {
     fn state(&self) -> ActivityState {
-        STATES[self.state.load(Ordering::Relaxed) as usize % STATES.len()]
+        if self.recovering.load(Ordering::Relaxed) {
+            return ActivityState::Recovering;
+        }
+        STATES[self.intent.load(Ordering::Relaxed) as usize % STATES.len()]
     }
 
     fn known_empty(&self, b: BucketNo, now_ms: u64) -> bool {
@@ -171,63 +177,62 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         }
     }
 
-    /// Load (or refresh) an activity into the local cache from its warmed meta.
-    pub async fn load_activity(&self, activity: Activity) -> Result<(), PortError> {
-        let plan = StockPlan::new(&activity);
-        let meta = self.inner.cache.meta(activity.id()).await?.ok_or_else(|| {
-            PortError::determinate(
-                "load activity",
-                format!("activity {} is not warmed", activity.id()),
-            )
-        })?;
-        if meta.version != plan.version {
-            return Err(PortError::determinate(
-                "load activity",
-                format!("plan version {} in redis, {} here", meta.version, plan.version),
-            ));
+    /// Load an activity from its registry row (or update its intent if it is loaded). No store
+    /// is read: an activity not warmed yet answers "unavailable" at the reserve.
+    pub fn load_activity(&self, reg: &Registered) {
+        if let Some(local) = self.local(reg.activity.id()) {
+            if local.activity == reg.activity {
+                local
+                    .intent
+                    .store(state_code(reg.intent.state), Ordering::Relaxed);
+                return;
+            }
         }
+        let plan = StockPlan::new(&reg.activity);
         let local = LocalActivity {
-            state: AtomicU64::new(state_code(meta.state)),
+            intent: AtomicU64::new(state_code(reg.intent.state)),
+            recovering: Default::default(),
             empty_until_ms: plan.units.iter().map(|_| AtomicU64::new(0)).collect(),
-            moves: AtomicU64::new(meta.moves),
-            activity,
+            moves: AtomicU64::new(0),
+            activity: reg.activity.clone(),
             plan,
         };
         let mut map = self.inner.activities.write().unwrap_or_else(|p| p.into_inner());
         map.insert(local.activity.id(), Arc::new(local));
-        Ok(())
     }
 
-    /// Re-read every loaded activity's state from `sk:{A}:meta`, so pause / resume / close and
-    /// recovery reach this engine. A missing meta means Redis lost the activity: `recovering`
-    /// until the recovery job rebuilds it. A read error keeps the last known state.
-    pub async fn refresh_states(&self) {
+    /// Bring the local cache in line with the registry (new activities, the operator's intent)
+    /// and with each meta (a recovery under way, rebalancing rounds). A failed read keeps what
+    /// was known; the error is returned after the rest was refreshed.
+    pub async fn refresh<L: Ledger>(&self, ledger: &L) -> PortResult<()> {
+        let registry = ledger.registered().await;
+        if let Ok(rows) = &registry {
+            rows.iter().for_each(|r| self.load_activity(r));
+        }
         let locals: Vec<Arc<LocalActivity>> = {
             let map = self.inner.activities.read().unwrap_or_else(|p| p.into_inner());
             map.values().cloned().collect()
         };
+        let mut meta_error = None;
         for local in locals {
-            if let Ok(meta) = self.inner.cache.meta(local.activity.id()).await {
-                let state = meta.as_ref().map_or(ActivityState::Recovering, |m| m.state);
-                local.state.store(state_code(state), Ordering::Relaxed);
-                // Units were rebalanced: a bucket known empty may have stock again.
-                let moves = meta.map_or(0, |m| m.moves);
-                if local.moves.swap(moves, Ordering::Relaxed) != moves {
-                    local
-                        .empty_until_ms
-                        .iter()
-                        .for_each(|f| f.store(0, Ordering::Relaxed));
+            match self.inner.cache.meta(local.activity.id()).await {
+                Ok(meta) => {
+                    let recovering = meta.as_ref().is_none_or(|m| m.claim.is_some());
+                    local.recovering.store(recovering, Ordering::Relaxed);
+                    // Units were rebalanced: a bucket known empty may have stock again.
+                    let moves = meta.map_or(0, |m| m.moves);
+                    if local.moves.swap(moves, Ordering::Relaxed) != moves {
+                        local
+                            .empty_until_ms
+                            .iter()
+                            .for_each(|f| f.store(0, Ordering::Relaxed));
+                    }
                 }
+                Err(e) => meta_error = Some(e),
             }
         }
-    }
-
-    /// Refresh the states every `every`, forever (run it as a task beside the service).
-    pub async fn run_refresher(&self, every: std::time::Duration) {
-        loop {
-            tokio::time::sleep(every).await;
-            self.refresh_states().await;
-        }
+        registry.map(drop)?;
+        meta_error.map_or(Ok(()), Err)
     }
 
     fn local(&self, a: ActivityId) -> Option<Arc<LocalActivity>> {
@@ -322,14 +327,42 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                 return Ok(PurchaseOutcome::SoldOut);
             }
             Ok(ReserveOutcome::NotWarmed) => return Ok(unavailable("stock is not warmed".into())),
+            Ok(ReserveOutcome::Gated(ActivityState::Closed)) => return Ok(PurchaseOutcome::Ended),
+            Ok(ReserveOutcome::Gated(state)) => return Ok(unavailable(format!("activity is {state}"))),
             Err(e) => return Ok(unavailable(format!("stock cache: {e}"))),
         };
+        // Fault point: a process stalled between reserve and publish, past the delivery timeout
+        // (it wakes up as a zombie and publishes a reservation a recovery may have dropped).
+        #[cfg(madsim)]
+        crate::planted::stall(20, std::time::Duration::from_millis(4_000)).await;
+        let from_fallback = reservation.bucket != own;
+        let (answer, pending) = self.publish(&local, reservation).await;
+        // A unit won from the fallback left the own bucket's pending mark in place until the
+        // publish's outcome was known: keep the mark if the order may exist, clear it if the
+        // units certainly went back. Left alone (or after a crash before this line), the
+        // reconciler resolves it.
+        if let (true, Some(keep)) = (from_fallback, pending) {
+            let _ = self.inner.cache.resolve_pending(&local.plan, user, keep).await;
+        }
+        Ok(answer)
+    }
+
+    /// Publish a reservation and answer; gives the units back if it certainly was not published.
+    /// With the answer, what a pending-fallback mark should become: `Some(keep)`, or `None`
+    /// when that is not known.
+    async fn publish(
+        &self,
+        _local: &LocalActivity,
+        reservation: Reservation,
+    ) -> (PurchaseOutcome, Option<bool>) {
+        #[cfg(madsim)]
+        let (user, local) = (reservation.user, _local);
 
         let started = tokio::time::Instant::now();
         let published = self.inner.bus.publish(&reservation).await;
         metrics::histogram!("seckill_publish_seconds").record(started.elapsed().as_secs_f64());
         let e = match published {
-            Ok(()) => return Ok(PurchaseOutcome::Queued(reservation)),
+            Ok(()) => return (PurchaseOutcome::Queued(reservation), Some(true)),
             Err(e) => e,
         };
         #[cfg(madsim)]
@@ -339,7 +372,7 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         if e.is_indeterminate() && indeterminate_is_queued {
             // The record may be on the bus: the reservation stays open, the reconciler
             // republishes it if the ledger never sees it, and the ledger dedupes by id.
-            return Ok(PurchaseOutcome::Queued(reservation));
+            return (PurchaseOutcome::Queued(reservation), Some(true));
         }
         #[cfg(madsim)]
         let reservation = if crate::planted::on(crate::planted::Bug::ReleaseToRoutedBucket) {
@@ -350,14 +383,26 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         } else {
             reservation
         };
-        // Certainly not published: give the units back and let the user retry. If this release
-        // fails too, the reservation stays open for the reconciler.
-        let _ = self
+        // Certainly not published: give the units back and let the user retry — unless the
+        // reconciler adopted the reservation to republish it (or it is already an order): then
+        // the order is on its way, and so is the answer "queued".
+        match self
             .inner
             .cache
             .release(&reservation, ReleaseKind::Unpublished)
-            .await;
-        Ok(unavailable(format!("order bus: {e}")))
+            .await
+        {
+            Ok(true) => (unavailable(format!("order bus: {e}")), Some(false)),
+            Ok(false) => (PurchaseOutcome::Queued(reservation), Some(true)),
+            // Still open: the reconciler republishes it.
+            Err(release) if !release.is_indeterminate() => (PurchaseOutcome::Queued(reservation), Some(true)),
+            Err(release) => (
+                unavailable(format!(
+                    "order bus: {e}; giving the units back: {release} (check the order's status)"
+                )),
+                None,
+            ),
+        }
     }
 }
 

@@ -163,7 +163,7 @@ impl Harness {
 
     /// Everything that counts as stock, for "nothing moved" comparisons.
     async fn stock_state(&self, a: u64) -> String {
-        let plan = self.api.service.plan(ActivityId(a)).unwrap();
+        let plan = self.api.core.service.plan(ActivityId(a)).unwrap();
         let cache = ScriptedStockCache::new(self.redis.clone());
         format!(
             "{:?} {:?} {}",
@@ -365,7 +365,7 @@ async fn status_pay_and_cancel() {
     let (_, q, _) = h.buy(1, 8).await;
     let rid = q["reservation_id"].as_str().unwrap().to_string();
     h.drain().await;
-    let plan = h.api.service.plan(ActivityId(1)).unwrap();
+    let plan = h.api.core.service.plan(ActivityId(1)).unwrap();
     let cache = ScriptedStockCache::new(h.redis.clone());
     let stock = |v: seckill_engine::ports::CacheView| v.buckets.iter().filter_map(|b| b.stock).sum::<i64>();
     let before = stock(cache.snapshot(&plan).await.unwrap());
@@ -565,7 +565,7 @@ async fn health_and_metrics() {
 async fn the_ledger_plan_is_what_redis_was_warmed_with() {
     let h = harness();
     h.open(1, 10).await;
-    let plan = h.api.service.plan(ActivityId(1)).unwrap();
+    let plan = h.api.core.service.plan(ActivityId(1)).unwrap();
     assert_eq!(
         plan,
         StockPlan::new(&h.ledger.activity(ActivityId(1)).await.unwrap().unwrap())

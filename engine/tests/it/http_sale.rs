@@ -64,7 +64,7 @@ async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let clock = Clock::new(now_ms, tokio::time::Instant::now());
     let api = serve::api(&cfg, stores, &secrets, clock, &mut rng).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = serve::start(api, listener, true).await.unwrap();
+    let running = serve::start(api, listener, &mut rng).await.unwrap();
     let addr = running.addr;
 
     let spec = json!({

@@ -3,9 +3,11 @@
 use crate::purchase::{rig, Rig, A};
 use crate::support::Mode;
 use seckill_engine::adapters::embedded::exec;
-use seckill_engine::adapters::script::{buyers_key, resv_key, stock_key, Script};
+use seckill_engine::adapters::script::{buyers_key, gate_key, resv_key, stock_key, Script};
 use seckill_engine::domain::{ActivityState, BucketNo, UserId};
-use seckill_engine::jobs::{cancel_unpaid, reconcile, recover_if_needed, ReconcileConfig, RecoveryConfig};
+use seckill_engine::jobs::{
+    cancel_unpaid, reconcile, recover_if_needed, ReconcileConfig, Recovery, RecoveryConfig, RecoveryReport,
+};
 use seckill_engine::ports::{Ledger, OrderBus, OrderStatus, PayOutcome, StockCache};
 use seckill_engine::service::{OrderConsumer, OrderState, PurchaseOutcome};
 use std::time::Duration;
@@ -35,6 +37,19 @@ fn recovery() -> RecoveryConfig {
         quiesce: Duration::ZERO,
         drain_timeout: Duration::from_secs(1),
         group: "test".into(),
+        lease: Duration::from_secs(10),
+    }
+}
+
+/// One recovery check under `fence`.
+async fn recover(rig: &Rig, fence: &str) -> seckill_engine::ports::PortResult<Recovery> {
+    recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery(), fence).await
+}
+
+fn recovered(r: Recovery) -> RecoveryReport {
+    match r {
+        Recovery::Recovered(report) => report,
+        other => panic!("expected a recovery, got {other:?}"),
     }
 }
 
@@ -88,8 +103,13 @@ async fn a_stale_pending_mark_is_cleared_and_a_winning_one_kept() {
     let own = BucketNo(0);
     redis(&rig, &["SET", &stock_key(A, own), "0"]); // empty the own bucket by hand
                                                     // An engine died between the own-bucket "pending" and its fallback attempt.
-    let keys = [stock_key(A, own), buyers_key(A, own), resv_key(A, own)];
-    let mut argv = vec!["EVAL", Script::Reserve.source(), "3"];
+    let keys = [
+        stock_key(A, own),
+        buyers_key(A, own),
+        resv_key(A, own),
+        gate_key(A, own),
+    ];
+    let mut argv = vec!["EVAL", Script::Reserve.source(), "4"];
     argv.extend(keys.iter().map(String::as_str));
     argv.extend([
         "own",
@@ -211,28 +231,21 @@ async fn recovery_rebuilds_redis_after_it_lost_everything() {
         assert!(matches!(rig.buy(UserId(u)).await, PurchaseOutcome::Queued(_)));
     }
     rig.drain().await;
-    assert_eq!(
-        recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery())
-            .await
-            .unwrap(),
-        None
-    );
+    assert_eq!(recover(&rig, "f1").await.unwrap(), Recovery::NotNeeded);
     rig.cache.conn().inner.flush_all();
     assert!(matches!(
         rig.buy(UserId(9)).await,
         PurchaseOutcome::Unavailable { .. }
     ));
-    rig.service.refresh_states().await;
+    rig.refresh().await;
     assert!(
         matches!(rig.buy(UserId(9)).await, PurchaseOutcome::Unavailable { reason } if reason.contains("recovering"))
     );
 
-    let report = recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery())
-        .await
-        .unwrap()
-        .expect("a restart was detected");
-    assert_eq!((report.stock, report.buyers), (7, 3));
-    rig.service.refresh_states().await;
+    let report = recovered(recover(&rig, "f2").await.unwrap());
+    assert_eq!((report.stock, report.buyers, report.generation), (7, 3, 1));
+    assert!(report.cause.contains("meta is missing"), "{}", report.cause);
+    rig.refresh().await;
     assert_eq!(
         rig.buy(UserId(2)).await,
         PurchaseOutcome::Duplicate,
@@ -243,8 +256,16 @@ async fn recovery_rebuilds_redis_after_it_lost_everything() {
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
     let meta = rig.cache.meta(A).await.unwrap().unwrap();
     assert_eq!(
-        (meta.state, meta.epoch),
-        (ActivityState::Open, Some(rig.cache.epoch().await.unwrap()))
+        (meta.claim, meta.epoch),
+        (None, Some(rig.cache.epoch().await.unwrap()))
+    );
+    let gates = rig.cache.snapshot(&rig.plan).await.unwrap();
+    assert!(
+        gates.buckets.iter().all(|b| b
+            .gate
+            .as_ref()
+            .is_some_and(|g| g.state == ActivityState::Open && g.generation == 1)),
+        "reopened with the new generation: {gates:?}"
     );
 }
 
@@ -258,7 +279,7 @@ async fn recovery_waits_out_a_slow_drain_and_gives_up_on_a_stalled_one() {
         assert!(matches!(rig.buy(UserId(u)).await, PurchaseOutcome::Queued(_)));
     }
     rig.cache.conn().inner.flush_all();
-    let stalled = recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery()).await;
+    let stalled = recover(&rig, "f1").await;
     let err = stalled.expect_err("nobody consumes: the lag never falls");
     assert!(err.to_string().contains("did not drain: 4 records"), "{err}");
 
@@ -273,13 +294,10 @@ async fn recovery_waits_out_a_slow_drain_and_gives_up_on_a_stalled_one() {
             }
         }
     });
-    let report = recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery())
-        .await
-        .unwrap()
-        .expect("a restart was detected");
+    let report = recovered(recover(&rig, "f2").await.unwrap());
     assert_eq!((report.stock, report.buyers), (6, 4));
     slow.await.unwrap();
-    rig.service.refresh_states().await;
+    rig.refresh().await;
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }
 
@@ -295,14 +313,9 @@ async fn recovery_repairs_stale_stock_after_an_aof_window_loss() {
     rig.drain().await;
     rig.cache.conn().inner.restore(image); // restart: the window after the fsync is lost
     assert_eq!(rig.stocks().await[0], Some(9), "stale: three sold units are back");
-    assert!(
-        recover_if_needed(&rig.cache, &rig.ledger, &rig.bus, &rig.plan, &recovery())
-            .await
-            .unwrap()
-            .is_some()
-    );
+    recovered(recover(&rig, "f1").await.unwrap());
     assert_eq!(rig.stocks().await[0], Some(6));
-    rig.service.refresh_states().await;
+    rig.refresh().await;
     assert_eq!(rig.buy(UserId(3)).await, PurchaseOutcome::Duplicate);
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
     // the `exec` helper stays usable on dumped keyspaces (for differential tests)
@@ -327,6 +340,7 @@ async fn the_rebalancer_moves_half_of_a_rich_bucket_into_a_drained_one() {
         &rig.ledger,
         &rig.plan,
         2_000,
+        "t",
         &RebalanceConfig::default(),
     )
     .await
@@ -346,6 +360,7 @@ async fn the_rebalancer_moves_half_of_a_rich_bucket_into_a_drained_one() {
         &rig.ledger,
         &rig.plan,
         2_100,
+        "t",
         &RebalanceConfig::default()
     )
     .await

@@ -15,3 +15,4 @@ mod real;
 mod support;
 #[cfg(not(madsim))]
 mod tools;
+mod topology;

@@ -137,7 +137,10 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         ..EmbeddedBackend::new()
     };
     b.ledger.install(&act, &plan).await.unwrap();
-    b.cache.warmup(&plan).await.unwrap();
+    b.cache
+        .warmup(&plan, &seckill_engine::ports::Intent::FIRST)
+        .await
+        .unwrap();
     let mut w = World {
         b,
         plan,

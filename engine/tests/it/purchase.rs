@@ -37,7 +37,8 @@ pub async fn rig(stock: u64, buckets: u32, pct: u8, now_ms: u64) -> Rig {
     let bus = TestBus::new(EmbeddedBus::new(2, 1_000));
     let ledger = EmbeddedLedger::new();
     ledger.install(&act, &plan).await.unwrap();
-    cache.warmup(&plan).await.unwrap();
+    let registered = ledger.registry(A).await.unwrap().unwrap();
+    cache.warmup(&plan, &registered.intent).await.unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let service = PurchaseService::new(
         cache.clone(),
@@ -46,7 +47,7 @@ pub async fn rig(stock: u64, buckets: u32, pct: u8, now_ms: u64) -> Rig {
         PurchaseConfig::default(),
         &mut rng,
     );
-    service.load_activity(act).await.unwrap();
+    service.load_activity(&registered);
     Rig {
         cache,
         bus,
@@ -57,6 +58,11 @@ pub async fn rig(stock: u64, buckets: u32, pct: u8, now_ms: u64) -> Rig {
 }
 
 impl Rig {
+    /// What the `api` role's refresher does every period.
+    pub async fn refresh(&self) {
+        self.service.refresh(&self.ledger).await.unwrap()
+    }
+
     pub async fn buy(&self, u: UserId) -> PurchaseOutcome {
         self.service.purchase(A, u, 1).await.expect("valid request")
     }
@@ -206,6 +212,95 @@ async fn determinate_publish_failure_gives_the_unit_back_and_allows_a_retry() {
     assert_eq!(rig.status(UserId(5)).await, OrderState::None);
     rig.bus.knob.set(Mode::Pass);
     assert!(matches!(rig.buy(UserId(5)).await, PurchaseOutcome::Queued(_)));
+}
+
+/// A fallback winner whose publish certainly failed may buy again: the units go back to the
+/// fallback and the own bucket's pending mark is cleared. (Before, the "unpublished" release
+/// cleared the mark only in the fallback bucket, and every retry answered `duplicate`.)
+#[tokio::test(start_paused = true)]
+async fn a_fallback_winner_whose_publish_failed_is_not_locked_out() {
+    let rig = rig(10, 1, 20, 1_500).await; // bucket 0: 8, fallback: 2
+    let users = users_in(&rig.plan, BucketNo(0), 9);
+    for u in &users[..8] {
+        assert!(matches!(rig.buy(*u).await, PurchaseOutcome::Queued(_)));
+    }
+    rig.bus.knob.set(Mode::FailDeterminate);
+    let out = rig.buy(users[8]).await;
+    assert!(matches!(&out, PurchaseOutcome::Unavailable { .. }), "{out:?}");
+    let view = rig.cache.snapshot(&rig.plan).await.unwrap();
+    assert!(
+        view.buckets.iter().all(|b| b.pending.is_empty()),
+        "no mark left: {view:?}"
+    );
+    assert_eq!(
+        rig.stocks().await,
+        vec![Some(0), Some(2)],
+        "the unit is back in the fallback"
+    );
+    rig.bus.knob.set(Mode::Pass);
+    assert!(
+        matches!(rig.buy(users[8]).await, PurchaseOutcome::Queued(r) if r.bucket == rig.plan.fallback_bucket()),
+        "the user retries and wins"
+    );
+    let view = rig.cache.snapshot(&rig.plan).await.unwrap();
+    assert!(
+        view.buckets.iter().all(|b| b.pending.is_empty()),
+        "resolved: {view:?}"
+    );
+    assert!(
+        rig.cache.holds(&rig.plan, users[8]).await.unwrap(),
+        "and is marked"
+    );
+    rig.drain().await;
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+/// The reconciler adopted a reservation to republish it while its purchase was still failing to
+/// publish: the purchase must not give the units back, and answers "queued" (the order is on its
+/// way). Before, the user heard "unavailable", got an order anyway, and Redis stayed one unit over.
+#[tokio::test(start_paused = true)]
+async fn an_adopted_reservation_is_not_given_back_by_its_failing_purchase() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    let id = seckill_engine::domain::ReservationId(0x5eed);
+    let outcome = rig
+        .cache
+        .reserve(&rig.plan, UserId(5), 1, id, 1_500)
+        .await
+        .unwrap();
+    let seckill_engine::ports::ReserveOutcome::Reserved(r) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(rig.cache.adopt(&r).await.unwrap(), "the reconciler adopts it");
+    assert!(
+        !rig.cache
+            .release(&r, seckill_engine::ports::ReleaseKind::Unpublished)
+            .await
+            .unwrap(),
+        "the failing purchase's release finds it adopted"
+    );
+    rig.bus.publish(&r).await.unwrap(); // the reconciler's republish
+    rig.drain().await;
+    assert_eq!(rig.status(UserId(5)).await, OrderState::Created);
+    assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+/// A paused gate refuses the reserve even in a process whose cache still says open (the gates,
+/// not the caches, enforce a pause).
+#[tokio::test(start_paused = true)]
+async fn a_paused_gate_refuses_whatever_the_local_cache_says() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    let paused = seckill_engine::ports::Intent {
+        state: seckill_engine::domain::ActivityState::Paused,
+        version: 2,
+        generation: 0,
+    };
+    rig.cache.set_gates(&rig.plan, &paused).await.unwrap();
+    let out = rig.buy(UserId(5)).await;
+    assert!(
+        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("paused")),
+        "{out:?}"
+    );
+    assert_eq!(rig.stocks().await, vec![Some(4), Some(0)], "nothing taken");
 }
 
 #[tokio::test(start_paused = true)]

@@ -93,13 +93,9 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
         pay_timeout_ms: 900_000,
     })
     .unwrap();
-    let plan = seckill_engine::domain::StockPlan::new(&activity);
-    use seckill_engine::ports::{Ledger, StockCache};
-    api.ledger.install(&activity, &plan).await.unwrap();
-    api.cache.warmup(&plan).await.unwrap();
-    api.service.load_activity(activity).await.unwrap();
+    api.core.create(&activity).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = serve::start(api, listener, true).await.unwrap();
+    let running = serve::start(api, listener, &mut rng).await.unwrap();
     let cfg = LoadConfig {
         addr: running.addr,
         activity: 9,

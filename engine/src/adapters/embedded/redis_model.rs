@@ -239,6 +239,7 @@ fn new_lua() -> mlua::Result<(Lua, Function)> {
         LuaOptions::default(),
     )?;
     lua.set_app_data(Keyspace::new());
+    lua.set_app_data(ServerClock(tokio::time::Instant::now()));
     let redis = lua.create_table()?;
     redis.set("pcall", lua.create_function(redis_pcall)?)?;
     redis.set(
@@ -297,6 +298,24 @@ impl ModelState {
     }
 }
 
+/// The model's `TIME`: a fixed wall origin advanced by `tokio::time` from the model's creation —
+/// the simulated clock under madsim, so a seed replays the same times. It keeps running across
+/// the model's restarts (`flush_all`, `restore`), as a server's wall clock does.
+struct ServerClock(tokio::time::Instant);
+
+/// 2026-01-01T00:00:00Z: where the model's `TIME` starts.
+const SERVER_CLOCK_ORIGIN_MS: u64 = 1_767_225_600_000;
+
+impl ServerClock {
+    fn reply(&self) -> Reply {
+        let us = SERVER_CLOCK_ORIGIN_MS * 1000 + self.0.elapsed().as_micros() as u64;
+        Reply::Array(vec![
+            Reply::Bulk((us / 1_000_000).to_string().into_bytes()),
+            Reply::Bulk((us % 1_000_000).to_string().into_bytes()),
+        ])
+    }
+}
+
 /// `redis.pcall(cmd, ...)`: run a data command; errors come back as `{err = msg}`. Arguments
 /// must be strings or numbers (numbers are formatted the way Lua's `tostring` does).
 fn redis_pcall(lua: &Lua, args: mlua::Variadic<LuaValue>) -> mlua::Result<LuaValue> {
@@ -320,7 +339,11 @@ fn redis_pcall(lua: &Lua, args: mlua::Variadic<LuaValue>) -> mlua::Result<LuaVal
             }
         }
     }
-    let reply = {
+    let reply = if argv.len() == 1 && argv[0].eq_ignore_ascii_case(b"TIME") {
+        lua.app_data_ref::<ServerClock>()
+            .expect("clock installed at creation")
+            .reply()
+    } else {
         let mut ks = lua
             .app_data_mut::<Keyspace>()
             .expect("keyspace installed at creation");

@@ -51,7 +51,10 @@ async fn cluster_spreads_one_activity_over_its_nodes() {
         return;
     };
     let plan = StockPlan::new(&activity(unique_id(), 1_000, 32, 10));
-    cache.warmup(&plan).await.expect("warmup on the cluster");
+    cache
+        .warmup(&plan, &seckill_engine::ports::Intent::FIRST)
+        .await
+        .expect("warmup on the cluster");
     let conn: &RedisConn = cache.conn();
     let mut nodes = BTreeSet::new();
     for b in plan.all_buckets() {

@@ -16,7 +16,7 @@ use seckill_engine::adapters::redis::RedisConn;
 use seckill_engine::adapters::script::{
     buyers_key, meta_key, resv_key, stock_key, xfer_key, Reply, Script, ScriptConn, ScriptedStockCache,
 };
-use seckill_engine::conformance::activity;
+use seckill_engine::conformance::{activity, intent};
 use seckill_engine::domain::{
     Activity, ActivityId, ActivitySpec, ActivityState, BucketNo, Reservation, ReservationId, StockPlan,
     UserId,
@@ -126,8 +126,23 @@ enum CacheOp {
         user: u64,
         keep: bool,
     },
-    SetState {
+    SetGates {
         state: u8,
+        version: u64,
+    },
+    CloseGates {
+        fence: u8,
+    },
+    Reopen {
+        bucket: u32,
+        fence: u8,
+        version: u64,
+    },
+    Finish {
+        fence: u8,
+    },
+    Adopt {
+        nth: usize,
     },
     Take {
         id: u8,
@@ -150,6 +165,7 @@ enum CacheOp {
     NoteMoves,
     Rebuild {
         bucket: u32,
+        fence: u8,
         stock: u64,
         buyer: u64,
     },
@@ -165,12 +181,17 @@ fn cache_op() -> impl Strategy<Value = CacheOp> {
         3 => any::<usize>().prop_map(|nth| CacheOp::Settle { nth }),
         1 => (1u64..=14).prop_map(|user| CacheOp::Holds { user }),
         2 => (1u64..=14, any::<bool>()).prop_map(|(user, keep)| CacheOp::ResolvePending { user, keep }),
-        1 => (0u8..4).prop_map(|state| CacheOp::SetState { state }),
+        1 => (0u8..3, 0u64..4).prop_map(|(state, version)| CacheOp::SetGates { state, version }),
+        1 => (0u8..2).prop_map(|fence| CacheOp::CloseGates { fence }),
+        1 => (0u32..4, 0u8..2, 0u64..4).prop_map(|(bucket, fence, version)| CacheOp::Reopen { bucket, fence, version }),
+        1 => (0u8..2).prop_map(|fence| CacheOp::Finish { fence }),
+        1 => any::<usize>().prop_map(|nth| CacheOp::Adopt { nth }),
         2 => transfer().prop_map(|(id, from, to, units)| CacheOp::Take { id, from, to, units }),
         2 => transfer().prop_map(|(id, from, to, units)| CacheOp::Give { id, from, to, units }),
         1 => transfer().prop_map(|(id, from, to, units)| CacheOp::Ack { id, from, to, units }),
         1 => Just(CacheOp::NoteMoves),
-        1 => (0u32..4, 0u64..5, 1u64..=14).prop_map(|(bucket, stock, buyer)| CacheOp::Rebuild { bucket, stock, buyer }),
+        1 => (0u32..4, 0u8..2, 0u64..5, 1u64..=14)
+            .prop_map(|(bucket, fence, stock, buyer)| CacheOp::Rebuild { bucket, fence, stock, buyer }),
         1 => Just(CacheOp::Snapshot),
     ]
 }
@@ -191,7 +212,7 @@ async fn run_cache_ops<C: ScriptConn>(
     };
     for (i, op) in ops.iter().enumerate() {
         let line = match op {
-            CacheOp::Warmup => outcome(&cache.warmup(plan).await),
+            CacheOp::Warmup => outcome(&cache.warmup(plan, &seckill_engine::ports::Intent::FIRST).await),
             CacheOp::Reserve { user, qty } => {
                 let r = cache
                     .reserve(
@@ -223,15 +244,33 @@ async fn run_cache_ops<C: ScriptConn>(
             CacheOp::ResolvePending { user, keep } => {
                 outcome(&cache.resolve_pending(plan, UserId(*user), *keep).await)
             }
-            CacheOp::SetState { state } => {
-                let state = [
-                    ActivityState::Open,
-                    ActivityState::Paused,
-                    ActivityState::Recovering,
-                    ActivityState::Closed,
-                ][*state as usize];
-                outcome(&cache.set_state(plan, state, Some("differential")).await)
+            CacheOp::SetGates { state, version } => {
+                let state =
+                    [ActivityState::Open, ActivityState::Paused, ActivityState::Closed][*state as usize];
+                outcome(&cache.set_gates(plan, &intent(state, *version, 0)).await)
             }
+            CacheOp::CloseGates { fence } => outcome(&cache.close_gates(plan, &format!("f{fence}")).await),
+            CacheOp::Reopen {
+                bucket,
+                fence,
+                version,
+            } => outcome(
+                &cache
+                    .reopen(
+                        plan,
+                        BucketNo(*bucket),
+                        &format!("f{fence}"),
+                        &intent(ActivityState::Open, *version, 3),
+                    )
+                    .await,
+            ),
+            CacheOp::Finish { fence } => {
+                outcome(&cache.finish(plan, &format!("f{fence}"), "differential").await)
+            }
+            CacheOp::Adopt { nth } if !reserved.is_empty() => {
+                outcome(&cache.adopt(&reserved[nth % reserved.len()]).await)
+            }
+            CacheOp::Adopt { .. } => "no reservation yet".into(),
             CacheOp::Take { id, from, to, units } => {
                 outcome(&cache.take(plan, &transfer(*id, *from, *to, *units)).await)
             }
@@ -242,13 +281,23 @@ async fn run_cache_ops<C: ScriptConn>(
                 outcome(&cache.ack(plan, &transfer(*id, *from, *to, *units)).await)
             }
             CacheOp::NoteMoves => outcome(&cache.note_moves(plan.activity).await),
-            CacheOp::Rebuild { bucket, stock, buyer } => {
+            CacheOp::Rebuild {
+                bucket,
+                fence,
+                stock,
+                buyer,
+            } => {
                 let image = BucketImage {
                     stock: *stock,
                     buyers: vec![UserId(*buyer)],
+                    held: reserved.iter().map(|r| r.id).collect(),
                     ..BucketImage::default()
                 };
-                outcome(&cache.rebuild(plan, BucketNo(*bucket), &image).await)
+                outcome(
+                    &cache
+                        .rebuild(plan, BucketNo(*bucket), &format!("f{fence}"), &image)
+                        .await,
+                )
             }
             CacheOp::Snapshot => outcome(&cache.snapshot(plan).await),
         };
@@ -418,6 +467,7 @@ async fn run_ledger_ops<L: Ledger>(ledger: &L, a: &Activity, ops: &[LedgerOp]) -
                         bucket: BucketNo(bucket),
                         qty,
                         reserved_at_ms: at,
+                        generation: 0,
                     })
                     .collect();
                 outcome(&ledger.apply(&batch).await)

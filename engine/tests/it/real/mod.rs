@@ -9,6 +9,7 @@ mod conformance;
 mod differential;
 mod e2e;
 mod outage;
+mod processes;
 
 use seckill_engine::adapters::kafka::{KafkaBus, KafkaConfig};
 use seckill_engine::adapters::mysql::{MysqlConfig, MysqlLedger};

@@ -15,6 +15,7 @@ use seckill_engine::clock::Clock;
 use seckill_engine::conformance::activity;
 use seckill_engine::domain::{StockPlan, UserId};
 use seckill_engine::jobs::{reconcile, ReconcileConfig};
+use seckill_engine::ports::{Intent, Registered};
 use seckill_engine::ports::{Ledger, OrderBus, StockCache};
 use seckill_engine::service::{audit, OrderConsumer, PurchaseConfig, PurchaseOutcome, PurchaseService};
 use seckill_invariants as inv;
@@ -119,10 +120,13 @@ async fn redis_down_answers_unavailable_fast_and_moves_no_stock() {
     let cache = connect_stock_cache(&cfg).await.expect("connect");
     let a = activity(unique_id(), 10, 2, 0);
     let plan = StockPlan::new(&a);
-    cache.warmup(&plan).await.unwrap();
+    cache.warmup(&plan, &Intent::FIRST).await.unwrap();
     let bus = EmbeddedBus::new(3, 100);
     let svc = service_for(cache.clone(), bus.clone());
-    svc.load_activity(a.clone()).await.unwrap();
+    svc.load_activity(&Registered {
+        activity: a.clone(),
+        intent: Intent::FIRST,
+    });
     assert!(matches!(
         svc.purchase(a.id(), UserId(1), 1).await,
         Ok(PurchaseOutcome::Queued(_))
@@ -292,9 +296,12 @@ async fn kafka_stopped_leaves_reservations_open_and_orders_appear_after_it_retur
     let a = activity(unique_id(), 10, 2, 0);
     let plan = StockPlan::new(&a);
     ledger.install(&a, &plan).await.unwrap();
-    cache.warmup(&plan).await.unwrap();
+    cache.warmup(&plan, &Intent::FIRST).await.unwrap();
     let svc = service_for(cache.clone(), bus.clone());
-    svc.load_activity(a.clone()).await.unwrap();
+    svc.load_activity(&Registered {
+        activity: a.clone(),
+        intent: Intent::FIRST,
+    });
     let queued = |o: Result<PurchaseOutcome, _>| match o {
         Ok(PurchaseOutcome::Queued(r)) => r,
         other => panic!("expected queued: {other:?}"),

@@ -1,0 +1,142 @@
+//! The operator's operations as plain functions (DESIGN §11.2), called by `serve`'s admin
+//! routes, the CLI and the simulation alike. Each acts for every process: it writes the registry
+//! (MySQL) and the gates (Redis), and returns only after both.
+
+use crate::domain::{Activity, ActivityId, ActivityState, StockPlan};
+use crate::jobs::{self, RecoveryConfig, RecoveryReport};
+use crate::ports::{GateWrite, Intent, Ledger, OrderBus, PortError, StockCache, WarmupReport};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdminError {
+    #[error("id: activity {0} is not installed")]
+    UnknownActivity(ActivityId),
+    #[error("id: activity {0} exists with another plan")]
+    OtherPlan(ActivityId),
+    #[error("state: an operator sets open, paused or closed, not {0}")]
+    BadIntent(ActivityState),
+    #[error("a recovery of activity {activity} is under way (claim {fence}, {ms_left} ms left); try again")]
+    Busy {
+        activity: ActivityId,
+        fence: String,
+        ms_left: u64,
+    },
+    #[error(transparent)]
+    Store(#[from] PortError),
+}
+
+/// Pause, resume or close: the registry first (every process's refresher picks it up), then
+/// every gate (which alone enforces it). After this returns no reserve answers `reserved` for a
+/// paused or closed activity, in any process, however stale its cache. A gate under recovery
+/// records the intent and its reopen applies it.
+pub async fn set_intent<C: StockCache, L: Ledger>(
+    cache: &C,
+    ledger: &L,
+    id: ActivityId,
+    state: ActivityState,
+) -> Result<(Intent, Vec<GateWrite>), AdminError> {
+    if state == ActivityState::Recovering {
+        return Err(AdminError::BadIntent(state));
+    }
+    let activity = ledger
+        .activity(id)
+        .await?
+        .ok_or(AdminError::UnknownActivity(id))?;
+    let intent = ledger
+        .set_intent(id, state)
+        .await?
+        .ok_or(AdminError::UnknownActivity(id))?;
+    let gates = cache.set_gates(&StockPlan::new(&activity), &intent).await?;
+    Ok((intent, gates))
+}
+
+/// What a warmup did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Warmed {
+    /// Stock keys and gates written from the plan (a new activity), or found warm already.
+    FromPlan(WarmupReport),
+    /// The activity had been installed before and Redis did not hold it as it was left: the
+    /// fenced recovery rebuilt it from the ledger (never from the plan's initial figures).
+    Recovered(RecoveryReport),
+}
+
+/// Install the activity in the registry (idempotent; another plan under the same id is refused)
+/// and warm it in Redis. Only an activity installed just now is warmed from its plan; one the
+/// registry already held — which may have orders — is left as it is if Redis holds it intact, and
+/// otherwise recovered (DESIGN §11.2).
+pub async fn install_and_warm<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    activity: &Activity,
+    recovery: &RecoveryConfig,
+    fence: &str,
+) -> Result<(bool, Warmed), AdminError> {
+    let plan = StockPlan::new(activity);
+    if let Some(existing) = ledger.activity(activity.id()).await? {
+        if StockPlan::new(&existing).version != plan.version {
+            return Err(AdminError::OtherPlan(activity.id()));
+        }
+    }
+    let created = ledger.install(activity, &plan).await?;
+    let warmed = warm(cache, ledger, bus, &plan, created, recovery, fence).await?;
+    Ok((created, warmed))
+}
+
+/// Warm an installed activity (see `install_and_warm`).
+pub async fn warmup<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    id: ActivityId,
+    recovery: &RecoveryConfig,
+    fence: &str,
+) -> Result<Warmed, AdminError> {
+    let activity = ledger
+        .activity(id)
+        .await?
+        .ok_or(AdminError::UnknownActivity(id))?;
+    warm(
+        cache,
+        ledger,
+        bus,
+        &StockPlan::new(&activity),
+        false,
+        recovery,
+        fence,
+    )
+    .await
+}
+
+async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+    new: bool,
+    recovery: &RecoveryConfig,
+    fence: &str,
+) -> Result<Warmed, AdminError> {
+    let registry = ledger
+        .registry(plan.activity)
+        .await?
+        .ok_or(AdminError::UnknownActivity(plan.activity))?;
+    #[cfg(madsim)]
+    let new = new || crate::planted::on(crate::planted::Bug::WarmupFromPlan);
+    let cause = if new {
+        None
+    } else {
+        jobs::needs_recovery(cache, plan).await?
+    };
+    let Some(cause) = cause else {
+        return Ok(Warmed::FromPlan(cache.warmup(plan, &registry.intent).await?));
+    };
+    let cause = format!("warmup of an installed activity: {cause}");
+    match jobs::recover(cache, ledger, bus, plan, recovery, fence, cause).await? {
+        Ok(r) => Ok(Warmed::Recovered(r)),
+        Err(busy) => Err(AdminError::Busy {
+            activity: plan.activity,
+            fence: busy.fence,
+            ms_left: busy.ms_left,
+        }),
+    }
+}

@@ -1,0 +1,442 @@
+//! Production topology on the real stores: the real binary as 3 API, 2 worker and 2 jobs
+//! processes (`seckill serve --roles …`) on one Redis, Kafka and MariaDB, a sale driven through
+//! every API process, and during it: processes killed (SIGKILL) and restarted, Redis restarted
+//! without persistence, a pause through one API process and the resume through another, and an
+//! API process stopped (SIGSTOP) past the producer's delivery timeout. At the end, healed: the
+//! audit is clean (S1–S3, R1), every 202 "queued" is an order its user can see, no request sent
+//! after the pause returned was queued before the resume, and `/metrics` shows the recovery.
+//!
+//! The test has its own Redis (restarted without persistence), its own database and its own
+//! topic, so the stores other tests share are left alone. It prints its seed and fault schedule;
+//! `SECKILL_PROCESSES_SEED` replays the schedule.
+
+use super::{free_port, service, unique_id};
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ADMIN: &str = "admin-token-processes-0123456789";
+const SECRET: &str = "processes-token-secret-0123456789abcdef";
+
+/// One HTTP/1.1 request with a deadline; `None` when the process did not answer in time.
+async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, Value)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\n\
+             authorization: Bearer {ADMIN}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(req.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.ok()?;
+        let text = String::from_utf8_lossy(&raw);
+        let status = text.split(' ').nth(1)?.parse().ok()?;
+        let payload = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Some((status, serde_json::from_str(payload).unwrap_or(Value::Null)))
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// One `seckill serve` process of the topology.
+struct Proc {
+    name: String,
+    roles: &'static str,
+    addr: SocketAddr,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+}
+
+impl Proc {
+    fn start(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(["serve", "--roles", self.roles, "--listen", &self.addr.to_string()])
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("SECKILL_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start seckill serve");
+        self.child = Some(child);
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = Command::new("sh")
+            .args(["-c", &format!("kill -{sig} {pid}")])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill -{sig} {}", self.name);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    async fn ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some((200, _)) = http(self.addr, "GET", "/readyz", None).await {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} never became ready", self.name);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis server of the test's own, without persistence: a restart loses everything.
+struct Volatile {
+    bin: String,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Volatile {
+    fn up(&mut self) {
+        let child = Command::new(&self.bin)
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.up();
+    }
+}
+
+impl Drop for Volatile {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What the clients saw: (user, reservation) of every 202; purchases answered 202 although sent
+/// after a pause returned and before the resume was issued.
+#[derive(Default)]
+struct Seen {
+    queued: Vec<(u64, String)>,
+    answers: std::collections::BTreeMap<u16, u64>,
+    /// When the pause returned, when the resume was issued (ms since the sale began).
+    pause: Option<(u128, Option<u128>)>,
+    pause_broken: Vec<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombie() {
+    let (Some(redis_bin), Some(brokers), Some(db_url)) = (
+        service("REDIS_SERVER_BIN"),
+        service("KAFKA_BROKERS"),
+        service("DATABASE_URL"),
+    ) else {
+        return;
+    };
+    let seed: u64 = std::env::var("SECKILL_PROCESSES_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| unique_id() % 1_000_000);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let id = unique_id();
+
+    // Stores of the test's own: a Redis, a database, a topic.
+    let mut redis = Volatile {
+        bin: redis_bin,
+        port: free_port(),
+        child: None,
+    };
+    redis.up();
+    let db = format!("seckill_procs_{id}");
+    let admin_pool = sqlx::MySqlPool::connect(&db_url).await.expect("mariadb");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{db}`")))
+        .execute(&admin_pool)
+        .await
+        .expect("create the test's database");
+    let base = db_url.rsplit_once('/').expect("a database in DATABASE_URL").0;
+    let env: Vec<(String, String)> = vec![
+        ("REDIS_URL".into(), format!("redis://127.0.0.1:{}", redis.port)),
+        ("KAFKA_BROKERS".into(), brokers),
+        ("DATABASE_URL".into(), format!("{base}/{db}")),
+        ("SECKILL_TOPIC".into(), format!("seckill.test.procs.{id}")),
+        ("SECKILL_TOKEN_SECRET".into(), SECRET.into()),
+        ("SECKILL_ADMIN_TOKEN".into(), ADMIN.into()),
+    ];
+    let proc = |name: String, roles| Proc {
+        name,
+        roles,
+        addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        env: env.clone(),
+        child: None,
+    };
+    // The first process migrates the database; the others start once it is ready.
+    let mut procs: Vec<Proc> = (0..3).map(|i| proc(format!("api-{i}"), "api")).collect();
+    procs.extend((0..2).map(|i| proc(format!("worker-{i}"), "worker")));
+    procs.extend((0..2).map(|i| proc(format!("jobs-{i}"), "jobs")));
+    procs[0].start();
+    procs[0].ready().await;
+    for p in procs.iter_mut().skip(1) {
+        p.start();
+    }
+    for p in &procs {
+        p.ready().await;
+    }
+    let api: Vec<SocketAddr> = procs[..3].iter().map(|p| p.addr).collect();
+
+    // The sale: 2,400 units for 3,000 users, so it sells through every fault; created through api-0.
+    let activity = id;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let spec = json!({
+        "id": activity, "total_stock": 2400, "buckets": 8, "fallback_pct": 10,
+        "start_ms": now - 1_000, "end_ms": now + 600_000, "pay_timeout_ms": 600_000,
+    });
+    let (s, body) = http(api[0], "POST", "/api/v1/admin/activities", Some(&spec))
+        .await
+        .unwrap();
+    assert_eq!(s, 201, "{body}");
+
+    // The fault schedule, drawn from the seed and printed: when (ms into the sale) and what.
+    let kill_worker = rng.gen_range(0..2usize) + 3;
+    let kill_api = rng.gen_range(1..3usize);
+    let kill_jobs = rng.gen_range(0..2usize) + 5;
+    let stop_api = 3 - kill_api; // the other of api-1 and api-2
+    let schedule = vec![
+        (
+            1_000u64,
+            format!("pause through api-{}, resume through api-{} 1.5 s later", 0, 1),
+        ),
+        (
+            4_000,
+            format!("SIGKILL {} and restart it", procs[kill_worker].name),
+        ),
+        (5_000, format!("SIGKILL {} and restart it", procs[kill_jobs].name)),
+        (
+            6_000,
+            format!(
+                "SIGSTOP {} for 5 s (past the 3 s delivery timeout)",
+                procs[stop_api].name
+            ),
+        ),
+        (7_000, "restart Redis without persistence".to_string()),
+        (9_000, format!("SIGKILL {} and restart it", procs[kill_api].name)),
+    ];
+    println!("processes: seed {seed}");
+    for (at, what) in &schedule {
+        println!("processes: at {at:>6} ms: {what}");
+    }
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let started = Instant::now();
+    let users: Vec<u64> = (1..=3_000).collect();
+    let clients = {
+        let (seen, api) = (seen.clone(), api.clone());
+        tokio::spawn(async move {
+            // Four users a millisecond or so, spread over ~14 s and all three API processes.
+            for (n, wave) in users.chunks(16).enumerate() {
+                let tasks: Vec<_> = wave
+                    .iter()
+                    .map(|&user| {
+                        let (seen, addr) = (seen.clone(), api[(user as usize) % 3]);
+                        tokio::spawn(async move {
+                            let path = format!("/api/v1/activities/{activity}/token");
+                            let Some((200, t)) =
+                                http(addr, "POST", &path, Some(&json!({ "user_id": user }))).await
+                            else {
+                                return;
+                            };
+                            let buy = json!({ "user_id": user, "token": t["token"] });
+                            let path = format!("/api/v1/activities/{activity}/purchase");
+                            let sent = started.elapsed().as_millis();
+                            let answer = http(addr, "POST", &path, Some(&buy)).await;
+                            let got = started.elapsed().as_millis();
+                            let mut seen = seen.lock().unwrap();
+                            let Some((status, body)) = answer else { return };
+                            *seen.answers.entry(status).or_default() += 1;
+                            if status == 202 {
+                                let rid = body["reservation_id"].as_str().unwrap_or_default().to_string();
+                                if let Some((paused, resumed)) = seen.pause {
+                                    if paused <= sent && resumed.is_none_or(|r| got <= r) {
+                                        seen.pause_broken.push(format!("user {user} queued at {got} ms"));
+                                    }
+                                }
+                                seen.queued.push((user, rid));
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    let _ = t.await;
+                }
+                let next = Duration::from_millis(75 * (n as u64 + 1));
+                tokio::time::sleep_until(tokio::time::Instant::from_std(started + next)).await;
+            }
+        })
+    };
+
+    // The faults, on schedule.
+    let at = |ms: u64| {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(
+            started + Duration::from_millis(ms),
+        ))
+    };
+    at(1_000).await;
+    let (s, body) = http(
+        api[0],
+        "POST",
+        &format!("/api/v1/admin/activities/{activity}/pause"),
+        None,
+    )
+    .await
+    .expect("pause answers");
+    assert_eq!(s, 200, "{body}");
+    seen.lock().unwrap().pause = Some((started.elapsed().as_millis(), None));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    if let Some(p) = seen.lock().unwrap().pause.as_mut() {
+        p.1 = Some(started.elapsed().as_millis());
+    }
+    let (s, body) = http(
+        api[1],
+        "POST",
+        &format!("/api/v1/admin/activities/{activity}/resume"),
+        None,
+    )
+    .await
+    .expect("resume answers");
+    assert_eq!(s, 200, "{body}");
+    at(4_000).await;
+    procs[kill_worker].kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    procs[kill_worker].start();
+    at(5_000).await;
+    procs[kill_jobs].kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    procs[kill_jobs].start();
+    at(6_000).await;
+    procs[stop_api].signal("STOP");
+    at(7_000).await;
+    redis.restart();
+    at(9_000).await;
+    procs[kill_api].kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    procs[kill_api].start();
+    at(11_000).await;
+    procs[stop_api].signal("CONT");
+    clients.await.unwrap();
+
+    // Healed: wait until the audit sees everything at rest and clean.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let audit = loop {
+        let path = format!("/api/v1/admin/activities/{activity}/audit");
+        if let Some((200, audit)) = http(api[0], "GET", &path, None).await {
+            if audit["r1_checked"] == true && audit["verdict"] == "ok" {
+                break audit;
+            }
+            assert!(Instant::now() < deadline, "the sale never settled clean: {audit}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+
+    // Every 202 ends in an order its user can see (created, or failed when a process paused
+    // across the recovery published it late and the ledger refused its generation).
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let mut failed = 0;
+    for (user, rid) in &seen.queued {
+        let path = format!("/api/v1/activities/{activity}/orders/{user}");
+        let (s, order) = http(api[0], "GET", &path, None)
+            .await
+            .expect("order view answers");
+        assert_eq!(s, 200, "user {user}: {order}");
+        match order["state"].as_str() {
+            Some("created" | "paid") => assert_eq!(order["reservation_id"], rid.as_str(), "user {user}"),
+            Some("failed") => failed += 1,
+            other => panic!("user {user} was told queued ({rid}) and sees {other:?}: {order}"),
+        }
+    }
+    assert!(
+        seen.pause_broken.is_empty(),
+        "the pause did not hold: {:?}",
+        seen.pause_broken
+    );
+
+    // The recovery shows in the metrics of the job runner that ran it (both run since before
+    // the Redis restart).
+    let mut metrics = String::new();
+    for p in &procs[5..] {
+        metrics += &metrics_of(p.addr).await;
+    }
+    assert!(
+        metrics.contains("seckill_recovery_runs_total"),
+        "no recovery in the jobs' metrics:\n{metrics}"
+    );
+    let sold = audit["units_sold"].as_u64().unwrap_or(0);
+    println!(
+        "processes: seed {seed}: {} requests answered ({:?}), {} queued, {} orders sold, {failed} refused by generation, \
+         6 faults, {} s, verdict {}",
+        seen.answers.values().sum::<u64>(),
+        seen.answers,
+        seen.queued.len(),
+        sold,
+        started.elapsed().as_secs(),
+        audit["verdict"]
+    );
+    drop(procs);
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{db}`")))
+        .execute(&admin_pool)
+        .await;
+}
+
+/// `/metrics` as text (the helper above parses JSON bodies).
+async fn metrics_of(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let req = format!("GET /metrics HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    if stream.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw).await;
+    String::from_utf8_lossy(&raw).into_owned()
+}
