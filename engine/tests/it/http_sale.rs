@@ -3,7 +3,7 @@
 //! 500 units — then the admin audit route must say every unit sold and every invariant holds. On the embedded stores always; on Redis, Kafka
 //! and MariaDB when their settings are in the environment.
 
-use crate::real::{free_port, kafka, mysql, redis_single, unique_id};
+use crate::real::{free_port, kafka, redis_single, unique_id, OwnDatabase};
 use rand::SeedableRng;
 use seckill_engine::api::config::ServeConfig;
 use seckill_engine::api::nonce::{NonceStore, RedisNonces};
@@ -143,10 +143,15 @@ async fn a_flash_sale_over_http_on_the_embedded_stores() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flash_sale_over_http_on_the_real_stores() {
-    let (Some(cache), Some(bus), Some(ledger)) = (redis_single().await, kafka("http").await, mysql().await)
-    else {
+    // A database of its own: the jobs this server runs work on every registered activity.
+    let (Some(cache), Some(bus), Some(db)) = (
+        redis_single().await,
+        kafka("http").await,
+        OwnDatabase::create().await,
+    ) else {
         return;
     };
+    let ledger = db.ledger().await;
     let nonces = RedisNonces::new(cache.conn().clone());
     sale(
         Stores {
@@ -158,6 +163,7 @@ async fn a_flash_sale_over_http_on_the_real_stores() {
         unique_id(),
     )
     .await;
+    db.drop_it().await;
 }
 
 /// `seckill serve` as a process: it answers, and SIGTERM stops it cleanly (exit 0).

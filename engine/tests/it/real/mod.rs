@@ -82,3 +82,42 @@ pub async fn mysql() -> Option<MysqlLedger> {
     ledger.migrate().await.expect("migrate");
     Some(ledger)
 }
+
+/// A database of the test's own on the MariaDB server (created and migrated; dropped on drop):
+/// for tests that run the jobs role, which works on every activity the registry holds — on the
+/// shared database it would recover other tests' activities under their feet.
+pub struct OwnDatabase {
+    pub url: String,
+    name: String,
+    admin: sqlx::MySqlPool,
+}
+
+impl OwnDatabase {
+    pub async fn create() -> Option<OwnDatabase> {
+        let shared = service("DATABASE_URL")?;
+        let admin = sqlx::MySqlPool::connect(&shared).await.expect("mariadb");
+        let name = format!("seckill_t_{}", unique_id());
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .execute(&admin)
+            .await
+            .expect("create the test's database");
+        let base = shared.rsplit_once('/').expect("a database in DATABASE_URL").0;
+        Some(OwnDatabase {
+            url: format!("{base}/{name}"),
+            name,
+            admin,
+        })
+    }
+
+    pub async fn ledger(&self) -> MysqlLedger {
+        let ledger = MysqlLedger::connect_lazy(&MysqlConfig::new(&self.url)).expect("database url");
+        ledger.migrate().await.expect("migrate");
+        ledger
+    }
+
+    pub async fn drop_it(self) {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{}`", self.name)))
+            .execute(&self.admin)
+            .await;
+    }
+}

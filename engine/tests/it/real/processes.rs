@@ -10,7 +10,7 @@
 //! topic, so the stores other tests share are left alone. It prints its seed and fault schedule;
 //! `SECKILL_PROCESSES_SEED` replays the schedule.
 
-use super::{free_port, service, unique_id};
+use super::{free_port, service, unique_id, OwnDatabase};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -164,10 +164,10 @@ struct Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombie() {
-    let (Some(redis_bin), Some(brokers), Some(db_url)) = (
+    let (Some(redis_bin), Some(brokers), Some(db)) = (
         service("REDIS_SERVER_BIN"),
         service("KAFKA_BROKERS"),
-        service("DATABASE_URL"),
+        OwnDatabase::create().await,
     ) else {
         return;
     };
@@ -185,17 +185,10 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
         child: None,
     };
     redis.up();
-    let db = format!("seckill_procs_{id}");
-    let admin_pool = sqlx::MySqlPool::connect(&db_url).await.expect("mariadb");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{db}`")))
-        .execute(&admin_pool)
-        .await
-        .expect("create the test's database");
-    let base = db_url.rsplit_once('/').expect("a database in DATABASE_URL").0;
     let env: Vec<(String, String)> = vec![
         ("REDIS_URL".into(), format!("redis://127.0.0.1:{}", redis.port)),
         ("KAFKA_BROKERS".into(), brokers),
-        ("DATABASE_URL".into(), format!("{base}/{db}")),
+        ("DATABASE_URL".into(), db.url.clone()),
         ("SECKILL_TOPIC".into(), format!("seckill.test.procs.{id}")),
         ("SECKILL_TOKEN_SECRET".into(), SECRET.into()),
         ("SECKILL_ADMIN_TOKEN".into(), ADMIN.into()),
@@ -421,9 +414,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
         audit["verdict"]
     );
     drop(procs);
-    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{db}`")))
-        .execute(&admin_pool)
-        .await;
+    db.drop_it().await;
 }
 
 /// `/metrics` as text (the helper above parses JSON bodies).
