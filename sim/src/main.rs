@@ -75,16 +75,9 @@ mod app {
 
     fn parse_scenarios(s: &str) -> Result<Scenarios, String> {
         if s == "all" {
-            return Ok(Scenarios(vec![
-                Scenario::Calm,
-                Scenario::ConsumerFaults,
-                Scenario::ProducerFaults,
-                Scenario::RedisLoss,
-                Scenario::Chaos,
-                Scenario::Skewed,
-                Scenario::LostRecords,
-                Scenario::Rebalancing,
-            ]));
+            return Ok(Scenarios(
+                <Scenario as clap::ValueEnum>::value_variants().to_vec(),
+            ));
         }
         <Scenario as clap::ValueEnum>::from_str(s, false).map(|sc| Scenarios(vec![sc]))
     }
