@@ -336,7 +336,7 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         #[cfg(madsim)]
         crate::planted::stall(20, std::time::Duration::from_millis(4_000)).await;
         let from_fallback = reservation.bucket != own;
-        let (answer, pending) = self.publish(&local, reservation).await;
+        let (answer, pending) = self.publish(&local.plan, reservation).await;
         // A unit won from the fallback left the own bucket's pending mark in place until the
         // publish's outcome was known: keep the mark if the order may exist, clear it if the
         // units certainly went back. Left alone (or after a crash before this line), the
@@ -352,12 +352,10 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
     /// when that is not known.
     async fn publish(
         &self,
-        _local: &LocalActivity,
+        // Only the planted `ReleaseToRoutedBucket` routes with it.
+        #[cfg_attr(not(madsim), allow(unused_variables))] plan: &StockPlan,
         reservation: Reservation,
     ) -> (PurchaseOutcome, Option<bool>) {
-        #[cfg(madsim)]
-        let (user, local) = (reservation.user, _local);
-
         let started = tokio::time::Instant::now();
         let published = self.inner.bus.publish(&reservation).await;
         metrics::histogram!("seckill_publish_seconds").record(started.elapsed().as_secs_f64());
@@ -377,7 +375,7 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         #[cfg(madsim)]
         let reservation = if crate::planted::on(crate::planted::Bug::ReleaseToRoutedBucket) {
             Reservation {
-                bucket: local.plan.route(user),
+                bucket: plan.route(reservation.user),
                 ..reservation
             }
         } else {
