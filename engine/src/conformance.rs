@@ -221,7 +221,11 @@ where
         );
         let f2 = reserved(reserve(&c, &plan, users[9], 9).await, "fallback 2");
         // A publish that certainly failed: the unit goes back, then the mark is cleared.
-        assert!(c.release(&f2, ReleaseKind::Unpublished).await.unwrap());
+        assert!(c
+            .release(&f2, ReleaseKind::Unpublished)
+            .await
+            .unwrap()
+            .is_released());
         c.resolve_pending(&plan, users[9], false).await.unwrap();
         assert!(
             !c.holds(&plan, users[9]).await.unwrap(),
@@ -249,7 +253,7 @@ where
         assert_eq!(view.buckets[1].stock, Some(0));
         assert_eq!(view.buckets[1].open.len(), 2);
         // release of a fallback unit goes back to the fallback, never to route(user)
-        assert!(c.release(&f1, ReleaseKind::Rejected).await.unwrap());
+        assert!(c.release(&f1, ReleaseKind::Rejected).await.unwrap().is_released());
         assert_eq!(stock_of(&c, &plan, BucketNo(1)).await, Some(1));
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(0));
     }
@@ -278,7 +282,10 @@ where
             "an older intent never overrides a newer one"
         );
         assert!(
-            c.release(&a, ReleaseKind::Unpublished).await.unwrap(),
+            c.release(&a, ReleaseKind::Unpublished)
+                .await
+                .unwrap()
+                .is_released(),
             "a release ignores the gate"
         );
         let closed = intent(ActivityState::Closed, 3, 0);
@@ -389,7 +396,7 @@ where
         );
         assert_eq!(b0.cancelled_released, vec![a.id]);
         assert!(
-            !c.release(&a, ReleaseKind::Cancelled).await.unwrap(),
+            !c.release(&a, ReleaseKind::Cancelled).await.unwrap().is_released(),
             "idempotent across a rebuild"
         );
         let back = intent(ActivityState::Open, 1, 5);
@@ -453,7 +460,7 @@ where
         assert!(c.adopt(&e).await.unwrap(), "adopt an open reservation");
         assert!(c.adopt(&e).await.unwrap(), "adopt is idempotent");
         assert!(
-            !c.release(&e, ReleaseKind::Unpublished).await.unwrap(),
+            c.release(&e, ReleaseKind::Unpublished).await.unwrap() == crate::ports::Released::Adopted,
             "an adopted reservation is not the purchase's to give back"
         );
         assert!(
@@ -517,11 +524,17 @@ where
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(3));
 
         assert!(
-            c.release(&a, ReleaseKind::Unpublished).await.unwrap(),
+            c.release(&a, ReleaseKind::Unpublished)
+                .await
+                .unwrap()
+                .is_released(),
             "unpublished release"
         );
         assert!(
-            !c.release(&a, ReleaseKind::Unpublished).await.unwrap(),
+            !c.release(&a, ReleaseKind::Unpublished)
+                .await
+                .unwrap()
+                .is_released(),
             "second release is a no-op"
         );
         assert!(
@@ -531,26 +544,26 @@ where
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(4));
 
         assert!(
-            c.release(&b, ReleaseKind::Rejected).await.unwrap(),
+            c.release(&b, ReleaseKind::Rejected).await.unwrap().is_released(),
             "rejected release"
         );
-        assert!(!c.release(&b, ReleaseKind::Rejected).await.unwrap());
+        assert!(!c.release(&b, ReleaseKind::Rejected).await.unwrap().is_released());
         assert!(c.holds(&plan, users[1]).await.unwrap(), "rejected keeps the mark");
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(5));
 
         assert!(c.settle(&d).await.unwrap(), "settle closes the reservation");
         assert!(!c.settle(&d).await.unwrap(), "settle is idempotent");
         assert!(
-            !c.release(&d, ReleaseKind::Rejected).await.unwrap(),
+            !c.release(&d, ReleaseKind::Rejected).await.unwrap().is_released(),
             "a settled order is not open"
         );
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(5));
         assert!(
-            c.release(&d, ReleaseKind::Cancelled).await.unwrap(),
+            c.release(&d, ReleaseKind::Cancelled).await.unwrap().is_released(),
             "a cancelled order comes back"
         );
         assert!(
-            !c.release(&d, ReleaseKind::Cancelled).await.unwrap(),
+            !c.release(&d, ReleaseKind::Cancelled).await.unwrap().is_released(),
             "exactly once"
         );
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(6));

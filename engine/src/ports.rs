@@ -84,6 +84,24 @@ pub enum ReleaseKind {
     Cancelled,
 }
 
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The units went back.
+    Released,
+    /// Nothing to give back: not open (settled, already released, or lost with Redis data).
+    Absent,
+    /// An `Unpublished` release found the reservation adopted by the reconciler, which is
+    /// republishing it: it stays open, and its order is on its way.
+    Adopted,
+}
+
+impl Released {
+    pub fn is_released(self) -> bool {
+        self == Released::Released
+    }
+}
+
 /// `sk:{A}:meta` as read back: the plan's shape, the epoch and the recovery claim (§11.2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetaView {
@@ -244,8 +262,12 @@ pub trait StockCache: Clone + Send + Sync + 'static {
         now_ms: u64,
     ) -> impl Future<Output = PortResult<ReserveOutcome>> + Send;
 
-    /// Give a reservation's units back to its own bucket. `Ok(false)`: nothing to release.
-    fn release(&self, r: &Reservation, kind: ReleaseKind) -> impl Future<Output = PortResult<bool>> + Send;
+    /// Give a reservation's units back to its own bucket.
+    fn release(
+        &self,
+        r: &Reservation,
+        kind: ReleaseKind,
+    ) -> impl Future<Output = PortResult<Released>> + Send;
 
     /// Close an open reservation whose order the ledger holds. `Ok(false)`: it was not open.
     fn settle(&self, r: &Reservation) -> impl Future<Output = PortResult<bool>> + Send;

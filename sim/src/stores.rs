@@ -85,9 +85,10 @@ pub struct RedisStore {
     aof: Mutex<Keyspace>,
     aof_window: Duration,
     starts: AtomicU64,
-    /// Reservations open in Redis when it restarted and not in what it came back with: the
-    /// outbox entries a restart lost (the exact account L1 excuses, and nothing else).
-    pub lost_outbox: Mutex<BTreeSet<String>>,
+    /// Reservations open in Redis when it restarted and not in what it came back with, with the
+    /// time of that restart: the outbox entries a restart lost (the exact account L1 excuses,
+    /// for reservations promised before they were lost, and nothing else).
+    pub lost_outbox: Mutex<BTreeMap<String, Duration>>,
     _alive: Alive,
 }
 
@@ -139,11 +140,12 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
             Persistence::Aof { .. } => store.model.restore(store.aof.lock().expect("aof").clone()),
         }
         let after = store.model.read(outbox);
+        let at = faults.elapsed();
         store
             .lost_outbox
             .lock()
             .expect("lost outbox")
-            .extend(before.difference(&after).cloned());
+            .extend(before.difference(&after).map(|rid| (rid.clone(), at)));
     }
     let ep = Endpoint::bind(addr(rpc::REDIS)).await.expect("bind redis");
     // Redis executes one command at a time: a slow script blocks everyone behind it.
@@ -460,6 +462,9 @@ impl Ledger for SimLedger {
 /// fault lost them before they were stored), group offsets, the dead-letter topic.
 pub struct KafkaLog {
     state: Mutex<KafkaState>,
+    /// Order records the broker acknowledged and then lost (by reservation id): a data loss the
+    /// checker's exact L1 account excuses when the outbox entry is gone too.
+    pub lost_after_ack: Mutex<BTreeSet<String>>,
     _alive: Alive,
 }
 
@@ -477,6 +482,7 @@ impl KafkaLog {
                 committed: BTreeMap::new(),
                 dead_letters: Vec::new(),
             }),
+            lost_after_ack: Mutex::default(),
             _alive: Alive::new(),
         }
     }
@@ -527,6 +533,9 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
             }
             if chance(knobs.mq_lose_after_ack) {
                 f.fired("mq_lost_after_ack");
+                if let Ok(r) = Reservation::decode(&req.payload) {
+                    l.lost_after_ack.lock().expect("kafka").insert(r.id.to_string());
+                }
                 return Ok(0);
             }
             if chance(knobs.mq_ack_lost) {

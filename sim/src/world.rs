@@ -1393,8 +1393,9 @@ impl World {
 
     /// L1 from ground truth: every reservation a client was told is "queued" is an order in the
     /// ledger (any status), unless its user holds another order (a duplicate buyer's unit went
-    /// back) or a Redis restart lost it from the outbox before it was published (counted at each
-    /// restart: the exact account, nothing else is excused). A reservation that silently
+    /// back) or a Redis restart lost it from the outbox after the client was told, or a restart
+    /// lost it and the broker lost its record after the ack (counted as they happen: the exact
+    /// account, nothing else is excused). A reservation that silently
     /// vanished — deleted by a rebuild, released without the user told — is a violation.
     async fn l1_exact_account(&self, queued: &[String]) -> Vec<inv::Violation> {
         let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
@@ -1403,10 +1404,22 @@ impl World {
         let buyers: std::collections::BTreeSet<UserId> =
             db.orders.iter().map(|o| o.reservation.user).collect();
         let lost = self.redis.lost_outbox.lock().expect("lost outbox").clone();
-        let users = self.history.lock().expect("history").queued_users.clone();
+        let (users, queued_at) = {
+            let h = self.history.lock().expect("history");
+            (h.queued_users.clone(), h.queued_at.clone())
+        };
+        let dropped = self.kafka.lost_after_ack.lock().expect("kafka").clone();
+        // Lost by a Redis restart after the client heard "queued", or lost by Redis and by the
+        // broker after its ack: data loss. Gone from Redis before the answer, with no record
+        // lost: the answer promised what no longer existed.
+        let excused = |rid: &String| {
+            lost.get(rid).is_some_and(|lost_at| {
+                dropped.contains(rid) || queued_at.get(rid).is_some_and(|q| q <= lost_at)
+            })
+        };
         queued
             .iter()
-            .filter(|rid| !in_ledger.contains(*rid) && !lost.contains(*rid))
+            .filter(|rid| !in_ledger.contains(*rid) && !excused(rid))
             .filter(|rid| users.get(*rid).is_none_or(|u| !buyers.contains(u)))
             .map(|rid| inv::Violation {
                 invariant: inv::Invariant::L1QueuedResolved,

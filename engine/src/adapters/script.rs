@@ -9,7 +9,7 @@
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
     BucketImage, CacheBucket, CacheView, Claim, Gate, GateWrite, Intent, MetaView, PendingMark, PortError,
-    PortResult, Rebuilt, ReleaseKind, ReserveOutcome, StockCache, Transfer, WarmupReport,
+    PortResult, Rebuilt, ReleaseKind, Released, ReserveOutcome, StockCache, Transfer, WarmupReport,
 };
 use std::future::Future;
 use std::sync::OnceLock;
@@ -618,7 +618,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         Ok(result)
     }
 
-    async fn release(&self, r: &Reservation, kind: ReleaseKind) -> PortResult<bool> {
+    async fn release(&self, r: &Reservation, kind: ReleaseKind) -> PortResult<Released> {
         let mode = match kind {
             ReleaseKind::Unpublished => "unpublished",
             ReleaseKind::Rejected => "rejected",
@@ -639,9 +639,10 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             )
             .await?;
         match tagged("release", &reply)? {
-            ("released", [Reply::Int(_)]) => Ok(true),
-            // Adopted: the reconciler is republishing it, so it is not the purchase's to give back.
-            ("absent" | "adopted", []) => Ok(false),
+            ("released", [Reply::Int(_)]) => Ok(Released::Released),
+            ("absent", []) => Ok(Released::Absent),
+            // The reconciler is republishing it: not the purchase's to give back.
+            ("adopted", []) => Ok(Released::Adopted),
             _ => Err(bad_reply("release", &reply)),
         }
     }

@@ -228,7 +228,10 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                 Action::Finish(t) => super::rebalance::finish(cache, ledger, plan, t)
                     .await
                     .map(|()| true),
-                Action::ReleaseCancelled(r) => cache.release(r, ReleaseKind::Cancelled).await,
+                Action::ReleaseCancelled(r) => cache
+                    .release(r, ReleaseKind::Cancelled)
+                    .await
+                    .map(|x| x.is_released()),
             };
             (action, done)
         })

@@ -15,7 +15,9 @@ use crate::domain::{
     Activity, ActivityId, ActivityState, BucketNo, InvalidField, Reservation, ReservationId, StockPlan,
     UserId,
 };
-use crate::ports::{Ledger, OrderBus, PortResult, Registered, ReleaseKind, ReserveOutcome, StockCache};
+use crate::ports::{
+    Ledger, OrderBus, PortResult, Registered, ReleaseKind, Released, ReserveOutcome, StockCache,
+};
 use rand::RngCore;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -390,8 +392,16 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             .release(&reservation, ReleaseKind::Unpublished)
             .await
         {
-            Ok(true) => (unavailable(format!("order bus: {e}")), Some(false)),
-            Ok(false) => (PurchaseOutcome::Queued(reservation), Some(true)),
+            Ok(Released::Released) => (unavailable(format!("order bus: {e}")), Some(false)),
+            Ok(Released::Adopted) => (PurchaseOutcome::Queued(reservation), Some(true)),
+            // Gone from Redis: lost with Redis data (no order then), or rescued, applied and
+            // settled by a recovery meanwhile (an order then). Not known here.
+            Ok(Released::Absent) => (
+                unavailable(format!(
+                    "order bus: {e}; the reservation is no longer in Redis (check the order's status)"
+                )),
+                None,
+            ),
             // Still open: the reconciler republishes it.
             Err(release) if !release.is_indeterminate() => (PurchaseOutcome::Queued(reservation), Some(true)),
             Err(release) => (

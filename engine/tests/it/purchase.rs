@@ -271,17 +271,39 @@ async fn an_adopted_reservation_is_not_given_back_by_its_failing_purchase() {
         panic!("{outcome:?}")
     };
     assert!(rig.cache.adopt(&r).await.unwrap(), "the reconciler adopts it");
-    assert!(
-        !rig.cache
+    assert_eq!(
+        rig.cache
             .release(&r, seckill_engine::ports::ReleaseKind::Unpublished)
             .await
             .unwrap(),
+        seckill_engine::ports::Released::Adopted,
         "the failing purchase's release finds it adopted"
     );
     rig.bus.publish(&r).await.unwrap(); // the reconciler's republish
     rig.drain().await;
     assert_eq!(rig.status(UserId(5)).await, OrderState::Created);
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
+}
+
+/// A publish that certainly failed, and the reservation already gone from Redis (it lost its
+/// data meanwhile): nothing is on its way, so the answer is not "queued". (Found by the
+/// many-process test: a 202 whose user then had no order at all.)
+#[tokio::test(start_paused = true)]
+async fn a_failed_publish_whose_reservation_vanished_is_not_queued() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    assert!(
+        matches!(rig.buy(UserId(4)).await, PurchaseOutcome::Queued(_)),
+        "loads the scripts"
+    );
+    // The bus fails determinately, and Redis loses everything between reserve and release.
+    rig.bus.knob.set(Mode::FailDeterminate);
+    let redis = rig.cache.conn().inner.clone();
+    rig.bus.on_publish(move || redis.flush_all());
+    let out = rig.buy(UserId(5)).await;
+    assert!(
+        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("no longer in Redis")),
+        "{out:?}"
+    );
 }
 
 /// A paused gate refuses the reserve even in a process whose cache still says open (the gates,

@@ -77,6 +77,8 @@ pub type TestCache = ScriptedStockCache<TestRedis>;
 pub struct TestBus {
     pub inner: EmbeddedBus,
     pub knob: Knob,
+    /// Runs at every publish, before the knob decides (something else happening meanwhile).
+    hook: Arc<std::sync::Mutex<Option<Box<dyn Fn() + Send + Sync>>>>,
 }
 
 impl TestBus {
@@ -84,7 +86,12 @@ impl TestBus {
         TestBus {
             inner,
             knob: Knob::default(),
+            hook: Arc::default(),
         }
+    }
+
+    pub fn on_publish(&self, f: impl Fn() + Send + Sync + 'static) {
+        *self.hook.lock().unwrap() = Some(Box::new(f));
     }
 }
 
@@ -92,6 +99,9 @@ impl OrderBus for TestBus {
     type Source = <EmbeddedBus as OrderBus>::Source;
 
     async fn publish(&self, r: &Reservation) -> PortResult<()> {
+        if let Some(f) = self.hook.lock().unwrap().as_ref() {
+            f();
+        }
         match self.knob.get() {
             Mode::Pass => self.inner.publish(r).await,
             Mode::FailDeterminate => Err(PortError::determinate("publish", "broker refused")),

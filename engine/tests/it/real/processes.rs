@@ -156,7 +156,8 @@ impl Drop for Volatile {
 #[derive(Default)]
 struct Seen {
     queued: Vec<(u64, String)>,
-    answers: std::collections::BTreeMap<u16, u64>,
+    /// Per user: "token 503", "no answer", or the purchase's status.
+    answers: std::collections::BTreeMap<String, u64>,
     /// When the pause returned, when the resume was issued (ms since the sale began).
     pause: Option<(u128, Option<u128>)>,
     pause_broken: Vec<String>,
@@ -265,7 +266,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
     let clients = {
         let (seen, api) = (seen.clone(), api.clone());
         tokio::spawn(async move {
-            // Four users a millisecond or so, spread over ~14 s and all three API processes.
+            // 16 users every 75 ms, ~14 s in all, spread over the three API processes.
             for (n, wave) in users.chunks(16).enumerate() {
                 let tasks: Vec<_> = wave
                     .iter()
@@ -273,10 +274,18 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
                         let (seen, addr) = (seen.clone(), api[(user as usize) % 3]);
                         tokio::spawn(async move {
                             let path = format!("/api/v1/activities/{activity}/token");
-                            let Some((200, t)) =
-                                http(addr, "POST", &path, Some(&json!({ "user_id": user }))).await
-                            else {
-                                return;
+                            let t = match http(addr, "POST", &path, Some(&json!({ "user_id": user }))).await {
+                                Some((200, t)) => t,
+                                other => {
+                                    let what = other.map_or("no answer".to_string(), |(s, b)| {
+                                        format!(
+                                            "token {s} {}",
+                                            b["error"]["code"].as_str().unwrap_or_default()
+                                        )
+                                    });
+                                    *seen.lock().unwrap().answers.entry(what).or_default() += 1;
+                                    return;
+                                }
                             };
                             let buy = json!({ "user_id": user, "token": t["token"] });
                             let path = format!("/api/v1/activities/{activity}/purchase");
@@ -284,8 +293,11 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
                             let answer = http(addr, "POST", &path, Some(&buy)).await;
                             let got = started.elapsed().as_millis();
                             let mut seen = seen.lock().unwrap();
-                            let Some((status, body)) = answer else { return };
-                            *seen.answers.entry(status).or_default() += 1;
+                            let Some((status, body)) = answer else {
+                                *seen.answers.entry("no answer".into()).or_default() += 1;
+                                return;
+                            };
+                            *seen.answers.entry(status.to_string()).or_default() += 1;
                             if status == 202 {
                                 let rid = body["reservation_id"].as_str().unwrap_or_default().to_string();
                                 if let Some((paused, resumed)) = seen.pause {
@@ -404,7 +416,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
     );
     let sold = audit["units_sold"].as_u64().unwrap_or(0);
     println!(
-        "processes: seed {seed}: {} requests answered ({:?}), {} queued, {} orders sold, {failed} refused by generation, \
+        "processes: seed {seed}: {} users ({:?}), {} queued, {} orders sold, {failed} refused by generation, \
          6 faults, {} s, verdict {}",
         seen.answers.values().sum::<u64>(),
         seen.answers,
