@@ -73,12 +73,14 @@ impl ScriptConn for TestRedis {
 
 pub type TestCache = ScriptedStockCache<TestRedis>;
 
+type Hook = Box<dyn Fn() + Send + Sync>;
+
 #[derive(Clone)]
 pub struct TestBus {
     pub inner: EmbeddedBus,
     pub knob: Knob,
     /// Runs at every publish, before the knob decides (something else happening meanwhile).
-    hook: Arc<std::sync::Mutex<Option<Box<dyn Fn() + Send + Sync>>>>,
+    hook: Arc<std::sync::Mutex<Option<Hook>>>,
 }
 
 impl TestBus {
