@@ -124,15 +124,8 @@ fn bucket_keys(a: ActivityId, b: BucketNo) -> Vec<String> {
 /// A gate's value as `gate.lua` writes it: `state|intent|version|generation|fence`. `None`: not
 /// a gate value.
 pub fn parse_gate(value: &str) -> Option<Gate> {
-    let mut parts = value.split('|');
-    let (Some(state), Some(intent), Some(version), Some(generation), Some(fence), None) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
+    let parts: Vec<&str> = value.split('|').collect();
+    let [state, intent, version, generation, fence] = parts.as_slice() else {
         return None;
     };
     Some(Gate {
@@ -455,16 +448,11 @@ pub fn decode_bucket<'a>(
         let id: ReservationId = field.parse().map_err(|_| unparsable("resv", field))?;
         // "<user>|<qty>|<reserved_at_ms>|<generation>", and "|r" once the reconciler adopted it.
         let value_only = value.strip_suffix("|r").unwrap_or(value);
-        let mut parts = value_only.split('|').map(|p| p.parse::<u64>());
-        let (Some(Ok(user)), Some(Ok(qty)), Some(Ok(at)), Some(Ok(generation)), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
+        let parts: Result<Vec<u64>, _> = value_only.split('|').map(str::parse).collect();
+        let Ok([user, qty, at, generation]) = parts.as_deref() else {
             return Err(unparsable("resv", value));
         };
+        let (user, qty, at, generation) = (*user, *qty, *at, *generation);
         out.open.push(Reservation {
             id,
             activity: plan.activity,

@@ -31,6 +31,11 @@ pub fn service(var: &str) -> Option<String> {
     }
 }
 
+/// Held by the tests that start many processes or restart a broker of their own: run side by
+/// side on two cores, a JVM restarting under seven busy `seckill serve` processes took more than
+/// three minutes to answer.
+pub static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A loopback port nobody listens on (for a server a test starts).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

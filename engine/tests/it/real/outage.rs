@@ -286,6 +286,7 @@ async fn kafka_stopped_leaves_reservations_open_and_orders_appear_after_it_retur
     else {
         return;
     };
+    let _heavy = super::HEAVY.lock().await;
     let mut broker = OwnKafka::start(libs);
     let mut cfg = KafkaConfig::new(&broker.brokers(), &format!("seckill.test.outage.{}", unique_id()));
     cfg.partitions = 3;

@@ -172,6 +172,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
     ) else {
         return;
     };
+    let _heavy = super::HEAVY.lock().await;
     let seed: u64 = std::env::var("SECKILL_PROCESSES_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
