@@ -113,11 +113,18 @@ struct Held<'a, C> {
     plan: &'a StockPlan,
     fence: &'a str,
     lease_ms: u64,
+    renewed_at: std::sync::Mutex<tokio::time::Instant>,
 }
 
 impl<C: StockCache> Held<'_, C> {
+    /// How often a long step renews: four times per lease.
+    fn every(&self) -> Duration {
+        Duration::from_millis(self.lease_ms / 4).max(Duration::from_millis(50))
+    }
+
     async fn keep(&self) -> PortResult<()> {
         if self.cache.renew(self.plan, self.fence, self.lease_ms).await? {
+            *self.renewed_at.lock().expect("renewed_at") = tokio::time::Instant::now();
             Ok(())
         } else {
             Err(PortError::determinate(
@@ -127,11 +134,23 @@ impl<C: StockCache> Held<'_, C> {
         }
     }
 
+    /// Renew if a quarter of the lease went by since the last renewal (inside long steps).
+    async fn keep_if_due(&self) -> PortResult<()> {
+        let last = *self.renewed_at.lock().expect("renewed_at");
+        if last.elapsed() >= self.every() {
+            self.keep().await?;
+        }
+        Ok(())
+    }
+
     /// Give up: let the next pass (of any runner) claim again at once. The gates stay closed.
     async fn release(&self) {
         let _ = self.cache.renew(self.plan, self.fence, 0).await;
     }
 }
+
+/// Outbox entries adopted and republished at once by the rescue.
+const RESCUE_IN_FLIGHT: usize = 64;
 
 /// Wait until the consumer group has committed everything on the order topic; fail only if the
 /// lag stops falling for `drain_timeout` (measured on the tokio clock, lag calls included).
@@ -141,8 +160,6 @@ async fn drain<B: OrderBus, C: StockCache>(
     held: &Held<'_, C>,
 ) -> PortResult<()> {
     let step = Duration::from_millis(50);
-    let renew_every = Duration::from_millis(held.lease_ms / 4).max(step);
-    let mut renewed_at = tokio::time::Instant::now();
     let mut lowest = u64::MAX;
     let mut progress_at = tokio::time::Instant::now();
     loop {
@@ -162,20 +179,16 @@ async fn drain<B: OrderBus, C: StockCache>(
                 ),
             ));
         }
-        if renewed_at.elapsed() >= renew_every {
-            held.keep().await?;
-            renewed_at = tokio::time::Instant::now();
-        }
+        held.keep_if_due().await?;
         tokio::time::sleep(step).await;
     }
 }
 
 /// Sleep `d`, renewing the claim on the way.
 async fn wait<C: StockCache>(d: Duration, held: &Held<'_, C>) -> PortResult<()> {
-    let slice = Duration::from_millis(held.lease_ms / 4).max(Duration::from_millis(50));
     let until = tokio::time::Instant::now() + d;
     while tokio::time::Instant::now() < until {
-        tokio::time::sleep(slice.min(until - tokio::time::Instant::now())).await;
+        tokio::time::sleep(held.every().min(until - tokio::time::Instant::now())).await;
         held.keep().await?;
     }
     Ok(())
@@ -222,6 +235,7 @@ pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
         plan,
         fence,
         lease_ms,
+        renewed_at: std::sync::Mutex::new(tokio::time::Instant::now()),
     };
     let outcome = recover_claimed(cache, ledger, bus, plan, cfg, &held, cause).await;
     if outcome.is_err() {
@@ -269,21 +283,34 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     let drop_outbox = crate::planted::on(crate::planted::Bug::RebuildDropsOutbox);
     #[cfg(not(madsim))]
     let drop_outbox = false;
-    for r in open.iter().filter(|r| !held_ids.contains(&r.id) && !drop_outbox) {
-        if !cache.adopt(r).await? {
-            continue; // settled or released meanwhile
+    // A sale's worth of entries can be waiting here (every publish that failed while the gates
+    // were closing): adopt and republish them many at a time, renewing the claim between rounds,
+    // so that the lease does not run out under a long rescue.
+    let rescue: Vec<&Reservation> = open
+        .iter()
+        .filter(|r| !held_ids.contains(&r.id) && !drop_outbox)
+        .collect();
+    for round in rescue.chunks(RESCUE_IN_FLIGHT) {
+        let results = futures::future::join_all(round.iter().map(|r| async {
+            if !cache.adopt(r).await? {
+                return Ok(false); // settled or released meanwhile
+            }
+            let stamped = Reservation {
+                generation: registry.intent.generation,
+                ..(*r).clone()
+            };
+            match bus.publish(&stamped).await {
+                Ok(()) => Ok(true),
+                // It may be stored: the drain below tells, and the rebuild refuses if it was not.
+                Err(e) if e.is_indeterminate() => Ok(true),
+                Err(e) => Err(e),
+            }
+        }))
+        .await;
+        for r in results {
+            rescued += u64::from(r?);
         }
-        let stamped = Reservation {
-            generation: registry.intent.generation,
-            ..r.clone()
-        };
-        match bus.publish(&stamped).await {
-            Ok(()) => {}
-            // It may be stored: the drain below tells, and the rebuild refuses if it was not.
-            Err(e) if e.is_indeterminate() => {}
-            Err(e) => return Err(e),
-        }
-        rescued += 1;
+        held.keep_if_due().await?;
     }
     if rescued > 0 && !in_flight_ok {
         drain(bus, cfg, held).await?;
