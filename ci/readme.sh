@@ -77,4 +77,44 @@ for preset in seed-funnel-500k seed-100k; do
   echo "seckill plan --preset $preset: ok"
 done
 
+# 6. The HTTP session of the serve section, word for word, on the embedded default: every "$ "
+# line runs in one shell, in order (the first starts the server in the background); each answer
+# must be the README's line after its command, but for the values that change every run (the
+# token, the reservation id, the expiry time).
+session=$(awk '/^## `seckill serve`/ { s = 1; next } s && /^## / { exit }
+  s && /^```/ { if (inb) { if (hit) { printf "%s", buf; exit } buf = ""; inb = 0 } else inb = 1; next }
+  s && inb { buf = buf $0 "\n"; if (index($0, "seckill serve &")) hit = 1 }' README.md)
+[ -n "$session" ] || fail "the serve section has no session with 'seckill serve &'"
+script=$(mktemp) expected_out=$(mktemp) got_out=$(mktemp)
+{
+  echo "set -euo pipefail"
+  # A newcomer's shell: no store settings (ci/test.sh exports the real stores' for the tests).
+  echo "unset REDIS_URL KAFKA_BROKERS DATABASE_URL"
+  echo "seckill() { $base \"\$@\"; }"
+  # The server runs under a background subshell: stop it and its children (no procps needed).
+  echo 'server=""'
+  echo 'stop() { [ -n "$server" ] || return 0; for p in $(awk -v pp="$server" '"'"'$4 == pp { print $1 }'"'"' /proc/[0-9]*/stat 2>/dev/null); do kill "$p" 2>/dev/null || true; done; kill "$server" 2>/dev/null || true; }'
+  echo 'trap stop EXIT'
+  pending=""
+  while IFS= read -r line; do
+    if [ -n "$pending" ]; then pending+=$'\n'"$line"; [[ "$line" == *\\ ]] && continue; cmd=$pending; pending=""
+    elif [[ "$line" == '$ '* ]]; then cmd=${line#\$ }; if [[ "$cmd" == *\\ ]]; then pending=$cmd; continue; fi
+    else printf '%s\n' "$line" >> "$expected_out"; echo "printf '%s\\n' \"\$out\""; continue
+    fi
+    if [[ "$cmd" == *'&' ]]; then
+      printf '%s\n' "$cmd"
+      echo 'server=$!'
+      echo 'for _ in $(seq 600); do curl -sf localhost:9090/healthz >/dev/null && break; sleep 0.5; done'
+    elif [[ "$cmd" =~ ^[A-Z]+= ]] || [[ "$cmd" == sleep* ]]; then printf '%s\n' "$cmd"
+    else printf 'out=$(%s)\n' "$cmd"
+    fi
+  done <<< "$session"
+} > "$script"
+echo "\$ (the serve section's session, $(grep -c '^\$ ' <<< "$session") commands)"
+bash "$script" > "$got_out" || fail "the serve section's session exited $? (script: $script)"
+# The server's own log lines (JSON with a timestamp, on the same terminal) are not answers.
+norm() { grep -v '^{"timestamp"' "$1" | sed -E 's/"(token|reservation_id)":"[^"]*"/"\1":"…"/g; s/"expires_at_ms":[0-9]+/"expires_at_ms":…/g'; }
+diff <(norm "$expected_out") <(norm "$got_out") || fail "the serve section's session no longer answers what the README shows"
+echo "the serve section's session answers what the README shows"
+rm -f "$script" "$expected_out" "$got_out"
 echo "readme: every command checked"

@@ -33,6 +33,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "tests (plain build)"
 cargo test --workspace
 
+step "the OpenAPI document against a live server (schemathesis)"
+ci/schemathesis.sh
+
 step "clippy (--cfg madsim): the engine library with its planted bugs, and the simulation"
 madsim=(--release --config "build.rustflags=['--cfg','madsim']" --target-dir target/sim)
 cargo clippy -p seckill-engine --lib "${madsim[@]}" -- -D warnings

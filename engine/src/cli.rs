@@ -45,6 +45,19 @@ enum Command {
     Audit(ActivityArgs),
     /// Run one reconciler pass over an activity on the real stores and print what it did.
     Reconcile(ActivityArgs),
+    /// Mint a user JWT as a login service would (the server's SECKILL_JWT_SECRET, or the
+    /// development key of `serve` on the embedded default).
+    Jwt(JwtArgs),
+}
+
+#[derive(clap::Args)]
+struct JwtArgs {
+    /// The user id (`sub`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=i64::MAX as u64))]
+    user: u64,
+    /// Seconds until it expires.
+    #[arg(long, default_value_t = 3_600, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
+    ttl: u64,
 }
 
 #[derive(clap::Args)]
@@ -55,6 +68,10 @@ struct ServeArgs {
     /// Address to listen on (overrides SECKILL_LISTEN and the file).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// Address of the admin listener: admin routes, /metrics, /readyz (overrides
+    /// SECKILL_ADMIN_LISTEN and the file; default 127.0.0.1:9090).
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
     /// The roles this process runs: any of api, worker, jobs, comma-separated (overrides
     /// SECKILL_ROLES and the file; default all three).
     #[arg(long, value_parser = crate::roles::Roles::parse)]
@@ -238,7 +255,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(args) => run_demo(args),
-        Command::Serve(args) => tools::serve(args.config, args.listen, args.roles),
+        Command::Serve(args) => tools::serve(args.config, args.listen, args.admin_listen, args.roles),
         Command::Plan(args) => run_plan(args),
         Command::Load(args) => run_load(args),
         Command::Bench(a) => tools::bench(tools::BenchOptions {
@@ -253,6 +270,28 @@ pub fn main() -> ExitCode {
         Command::Migrate => tools::migrate(),
         Command::Audit(args) => tools::audit(args.activity, args.json),
         Command::Reconcile(args) => tools::reconcile(args.activity, args.json),
+        Command::Jwt(args) => {
+            let env = |k: &str| std::env::var(k).ok();
+            match crate::api::identity::minting_secret(env) {
+                Ok(secret) => {
+                    let exp = tools::wall_now_ms() / 1_000 + args.ttl;
+                    let (iss, aud) = (env("SECKILL_JWT_ISSUER"), env("SECKILL_JWT_AUDIENCE"));
+                    let jwt = crate::api::identity::mint(
+                        secret.as_bytes(),
+                        crate::domain::UserId(args.user),
+                        exp,
+                        iss.as_deref(),
+                        aud.as_deref(),
+                    );
+                    println!("{jwt}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
     }
 }
 
@@ -449,6 +488,20 @@ fn run_load(args: LoadArgs) -> ExitCode {
             LoadTarget::Purchase => Target::Purchase,
             LoadTarget::Healthz => Target::Healthz,
         },
+        jwt_secret: String::new(),
+        jwt_issuer: std::env::var("SECKILL_JWT_ISSUER").ok(),
+        jwt_audience: std::env::var("SECKILL_JWT_AUDIENCE").ok(),
+    };
+    let cfg = if cfg.target == Target::Purchase {
+        match crate::api::identity::minting_secret(|k| std::env::var(k).ok()) {
+            Ok(jwt_secret) => LoadConfig { jwt_secret, ..cfg },
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        cfg
     };
     let bar = if args.json {
         ProgressBar::hidden()

@@ -794,13 +794,27 @@ where
     );
 
     // pay
-    assert_eq!(l.pay(rid(1)).await.unwrap(), PayOutcome::Paid);
-    assert_eq!(l.pay(rid(1)).await.unwrap(), PayOutcome::AlreadyPaid);
+    assert_eq!(l.pay(rid(1), "p-1").await.unwrap(), PayOutcome::Paid);
     assert_eq!(
-        l.pay(rid(5)).await.unwrap(),
+        l.pay(rid(1), "p-1").await.unwrap(),
+        PayOutcome::AlreadyPaid,
+        "the same payment again"
+    );
+    assert_eq!(
+        l.pay(rid(1), "p-2").await.unwrap(),
+        PayOutcome::PaidWithOther("p-1".into()),
+        "a second payment for a paid order is told apart"
+    );
+    assert_eq!(
+        l.order(rid(1)).await.unwrap().map(|o| o.status),
+        Some(OrderStatus::Paid)
+    );
+    assert_eq!(l.order(rid(77)).await.unwrap(), None);
+    assert_eq!(
+        l.pay(rid(5), "p-1").await.unwrap(),
         PayOutcome::NotPayable(OrderStatus::Failed)
     );
-    assert_eq!(l.pay(rid(77)).await.unwrap(), PayOutcome::NotFound);
+    assert_eq!(l.pay(rid(77), "p-1").await.unwrap(), PayOutcome::NotFound);
     let o = l
         .order_of(a, UserId(10))
         .await
@@ -829,7 +843,7 @@ where
         l.apply(&[unpaid.clone(), paid.clone()]).await.unwrap(),
         vec![ApplyOutcome::Created; 2]
     );
-    l.pay(paid.id).await.unwrap();
+    l.pay(paid.id, "p-1").await.unwrap();
     assert_eq!(
         l.cancel_unpaid(act.id(), 5 + 59_999).await.unwrap(),
         vec![],
@@ -859,7 +873,7 @@ where
         .iter()
         .any(|j| j.kind == JournalKind::Cancel && j.delta == 1));
     assert_eq!(
-        l.pay(unpaid.id).await.unwrap(),
+        l.pay(unpaid.id, "p-1").await.unwrap(),
         PayOutcome::NotPayable(OrderStatus::Cancelled)
     );
 
@@ -930,7 +944,7 @@ where
     assert_eq!(l.cancel(buyer.id).await.unwrap(), CancelOutcome::AlreadyCancelled);
     assert_eq!(l.cancel(rid(31)).await.unwrap(), CancelOutcome::NotFound);
     assert_eq!(
-        l.pay(buyer.id).await.unwrap(),
+        l.pay(buyer.id, "p-1").await.unwrap(),
         PayOutcome::NotPayable(OrderStatus::Cancelled)
     );
     let view = l.snapshot(act.id()).await.unwrap();
@@ -938,7 +952,7 @@ where
     let mut payer = buyer.clone();
     (payer.id, payer.user) = (rid(32), UserId(41));
     l.apply(std::slice::from_ref(&payer)).await.unwrap();
-    l.pay(payer.id).await.unwrap();
+    l.pay(payer.id, "p-1").await.unwrap();
     assert_eq!(
         l.cancel(payer.id).await.unwrap(),
         CancelOutcome::NotCancellable(OrderStatus::Paid)

@@ -446,6 +446,8 @@ pub struct OrderRow {
 pub enum PayOutcome {
     Paid,
     AlreadyPaid,
+    /// Paid already, by another payment (its id).
+    PaidWithOther(String),
     /// Cancelled or failed orders cannot be paid; no stock moves.
     NotPayable(OrderStatus),
     NotFound,
@@ -512,7 +514,13 @@ pub trait Ledger: Clone + Send + Sync + 'static {
     /// either way the batch is delivered again and dedupes by reservation id.
     fn apply(&self, batch: &[Reservation]) -> impl Future<Output = PortResult<Vec<ApplyOutcome>>> + Send;
 
-    fn pay(&self, id: ReservationId) -> impl Future<Output = PortResult<PayOutcome>> + Send;
+    /// The payment provider confirmed `payment` for the order (DESIGN §12): created → paid,
+    /// recording the payment id; the same payment again answers `AlreadyPaid`, another one
+    /// `PaidWithOther` (a double charge: the shop refunds it). No stock moves.
+    fn pay(&self, id: ReservationId, payment: &str) -> impl Future<Output = PortResult<PayOutcome>> + Send;
+
+    /// One order by its reservation id (ownership checks, the admin view).
+    fn order(&self, id: ReservationId) -> impl Future<Output = PortResult<Option<OrderRow>>> + Send;
 
     /// The buyer cancels a created (unpaid) order: status cancelled, stock back to its bucket, a
     /// `cancel` journal row — once (a second cancel answers `AlreadyCancelled`).

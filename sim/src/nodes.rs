@@ -91,7 +91,11 @@ pub async fn engine_main(p: EngineParams) {
     let r = role.clone();
     rpc::serve(&ep, move |req: rpc::PayOrder| {
         let r = r.clone();
-        async move { r.ledger.pay(req.id).await.map_err(|e| e.to_string()) }
+        // The provider's payment id for the simulated payment of this order.
+        async move {
+            let payment = format!("sim-{}", req.id);
+            r.ledger.pay(req.id, &payment).await.map_err(|e| e.to_string())
+        }
     });
     let r = role.clone();
     rpc::serve(&ep, move |_: rpc::Warmup| {

@@ -113,8 +113,15 @@ request!(LedgerTransfer => Result<bool, PortError>, 0x5e17);
 #[derive(Serialize, Deserialize)]
 pub struct Pay {
     pub id: ReservationId,
+    pub payment: String,
 }
 request!(Pay => Result<PayOutcome, PortError>, 0x5e13);
+
+#[derive(Serialize, Deserialize)]
+pub struct OrderById {
+    pub id: ReservationId,
+}
+request!(OrderById => Result<Option<OrderRow>, PortError>, 0x5e1f);
 
 #[derive(Serialize, Deserialize)]
 pub struct OrderOf {
@@ -253,6 +260,7 @@ mod tests {
             ActivityOf::ID,
             LedgerTransfer::ID,
             Pay::ID,
+            OrderById::ID,
             OrderOf::ID,
             Snapshot::ID,
             ReconcileRead::ID,

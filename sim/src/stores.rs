@@ -309,7 +309,12 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
     let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::Pay| {
         let l = l.clone();
-        async move { l.pay(req.id).await }
+        async move { l.pay(req.id, &req.payment).await }
+    });
+    let l = ledger.clone();
+    rpc::serve(&ep, move |req: rpc::OrderById| {
+        let l = l.clone();
+        async move { l.order(req.id).await }
     });
     let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::OrderOf| {
@@ -398,8 +403,13 @@ impl Ledger for SimLedger {
         .await
     }
 
-    async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
-        self.call("pay", rpc::Pay { id }).await
+    async fn pay(&self, id: ReservationId, payment: &str) -> PortResult<PayOutcome> {
+        let payment = payment.to_string();
+        self.call("pay", rpc::Pay { id, payment }).await
+    }
+
+    async fn order(&self, id: ReservationId) -> PortResult<Option<seckill_engine::ports::OrderRow>> {
+        self.call("order", rpc::OrderById { id }).await
     }
 
     async fn cancel(&self, id: ReservationId) -> PortResult<seckill_engine::ports::CancelOutcome> {

@@ -6,13 +6,16 @@ use seckill_engine::api::body;
 
 fuzz_target!(|data: &[u8]| {
     match body::purchase_request(data) {
-        Ok(p) => assert!(p.user_id >= 1 && (1..=1_000).contains(&p.qty)),
+        Ok(p) => assert!(p.user_id.is_none_or(|u| u >= 1) && (1..=1_000).contains(&p.qty)),
         Err(e) => assert!(!e.field.is_empty() && !e.message.is_empty()),
     }
     if let Err(e) = body::token_request(data) {
         assert!(!e.field.is_empty());
     }
     if let Err(e) = body::activity_spec(data) {
+        assert!(!e.field.is_empty());
+    }
+    if let Err(e) = seckill_engine::api::payment::callback(data) {
         assert!(!e.field.is_empty());
     }
 });

@@ -663,12 +663,14 @@ impl Ledger for MysqlLedger {
         retrying("transfer", || self.transfer_once(activity, t)).await
     }
 
-    async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
+    async fn pay(&self, id: ReservationId, payment: &str) -> PortResult<PayOutcome> {
         let op = "pay";
         let id = id.to_string();
         let paid = sqlx::query(
-            "UPDATE seckill_order SET status = 'paid' WHERE reservation_id = ? AND status = 'created'",
+            "UPDATE seckill_order SET status = 'paid', payment_id = ? \
+             WHERE reservation_id = ? AND status = 'created'",
         )
+        .bind(payment)
         .bind(&id)
         .execute(&self.pool)
         .await
@@ -678,19 +680,32 @@ impl Ledger for MysqlLedger {
         if paid == 1 {
             return Ok(PayOutcome::Paid);
         }
-        let status: Option<(String,)> =
-            sqlx::query_as("SELECT status FROM seckill_order WHERE reservation_id = ?")
+        let row: Option<(String, Option<String>)> =
+            sqlx::query_as("SELECT status, payment_id FROM seckill_order WHERE reservation_id = ?")
                 .bind(&id)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(determinate(op))?;
-        Ok(match status {
+        Ok(match row {
             None => PayOutcome::NotFound,
-            Some((s,)) => match parse_status(&s)? {
-                OrderStatus::Paid => PayOutcome::AlreadyPaid,
+            Some((s, by)) => match parse_status(&s)? {
+                OrderStatus::Paid => match by {
+                    Some(other) if other != payment => PayOutcome::PaidWithOther(other),
+                    _ => PayOutcome::AlreadyPaid,
+                },
                 other => PayOutcome::NotPayable(other),
             },
         })
+    }
+
+    async fn order(&self, id: ReservationId) -> PortResult<Option<OrderRow>> {
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM seckill_order WHERE reservation_id = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(determinate("read order"))?;
+        row.as_ref().map(order_of_row).transpose()
     }
 
     async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {

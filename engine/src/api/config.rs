@@ -27,11 +27,24 @@ pub struct ServeConfig {
     pub token_ttl_ms: u64,
     pub request_timeout: Duration,
     pub body_limit_bytes: usize,
-    /// Take the client IP from this header (set by a proxy we trust), not from the socket.
+    /// The header a trusted proxy appends the client address to (`x-forwarded-for`).
     pub trusted_proxy_header: Option<String>,
+    /// Peers whose forwarding header is believed; the client is the rightmost address in the
+    /// header that is not one of them. Empty: the socket's address is the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The admin listener: admin routes, `/metrics`, `/readyz` (loopback by default).
+    pub admin_listen: SocketAddr,
+    /// How user JWTs are verified; `None`: the development key (embedded stores only).
+    pub jwt: Option<JwtKeys>,
+    pub jwt_issuer: Option<String>,
+    pub jwt_audience: Option<String>,
+    /// HMAC key of the payment provider's callbacks; `None`: callbacks are refused (503).
+    pub payment_secret: Option<String>,
     pub rate: RateLimits,
     /// The roles this process runs (DESIGN §11.1); all three by default.
     pub roles: crate::roles::Roles,
+    /// Header-read timeout, connection cap, shutdown deadline of each listener.
+    pub conn_limits: super::listener::ConnLimits,
 }
 
 impl Default for ServeConfig {
@@ -41,9 +54,16 @@ impl Default for ServeConfig {
             admin_token: None,
             token_secret: None,
             token_ttl_ms: 30_000,
-            request_timeout: Duration::from_millis(2_000),
+            // Longer than the producer's delivery timeout (3 s): a slow bus still answers "queued".
+            request_timeout: Duration::from_millis(5_000),
             body_limit_bytes: 4_096,
             trusted_proxy_header: None,
+            trusted_proxies: Vec::new(),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            jwt: None,
+            jwt_issuer: None,
+            jwt_audience: None,
+            payment_secret: None,
             rate: RateLimits {
                 global_per_sec: 200_000,
                 per_user_per_sec: 5,
@@ -51,8 +71,20 @@ impl Default for ServeConfig {
                 ramp_ms: 0,
             },
             roles: crate::roles::Roles::ALL,
+            conn_limits: super::listener::ConnLimits::default(),
         }
     }
+}
+
+/// Where the JWT verification keys come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwtKeys {
+    Secret(String),
+    /// The JWKS document's text (read at start; its path is in the error messages).
+    Jwks {
+        path: String,
+        text: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -80,7 +112,17 @@ struct FileConfig {
     request_timeout_ms: Option<u64>,
     body_limit_bytes: Option<u64>,
     trusted_proxy_header: Option<String>,
+    trusted_proxies: Option<Vec<String>>,
+    admin_listen: Option<String>,
+    jwt_secret: Option<String>,
+    jwt_jwks_file: Option<String>,
+    jwt_issuer: Option<String>,
+    jwt_audience: Option<String>,
+    payment_secret: Option<String>,
     roles: Option<String>,
+    header_read_timeout_ms: Option<u64>,
+    max_connections: Option<u64>,
+    shutdown_deadline_ms: Option<u64>,
     rate_limit: Option<FileRates>,
 }
 
@@ -150,16 +192,29 @@ impl ServeConfig {
                 .map(|v| (s.var.to_string(), v))
                 .or(s.file.map(|v| (s.key.to_string(), v)))
         };
-        let listen = match text(Setting {
-            key: "listen",
-            var: "SECKILL_LISTEN",
-            file: f.listen,
+        let address = |key: &str, var: &str, file: Option<String>, default: SocketAddr| match text(Setting {
+            key,
+            var,
+            file,
         }) {
             Some((name, v)) => v
                 .parse()
-                .map_err(|_| bad(&name, format!("{v:?} is not an address like 127.0.0.1:8080")))?,
-            None => d.listen,
+                .map_err(|_| bad(&name, format!("{v:?} is not an address like 127.0.0.1:8080"))),
+            None => Ok(default),
         };
+        let listen = address("listen", "SECKILL_LISTEN", f.listen, d.listen)?;
+        let admin_listen = address(
+            "admin_listen",
+            "SECKILL_ADMIN_LISTEN",
+            f.admin_listen,
+            d.admin_listen,
+        )?;
+        if admin_listen == listen {
+            return Err(bad(
+                "admin_listen",
+                format!("{admin_listen} is the public listener's address"),
+            ));
+        }
         let secret =
             |key: &str, var: &str, file: Option<String>, min: usize| -> Result<Option<String>, ConfigError> {
                 match text(Setting { key, var, file }) {
@@ -176,6 +231,62 @@ impl ServeConfig {
             f.token_secret,
             super::token::MIN_SECRET_LEN,
         )?;
+        let jwt_secret = secret(
+            "jwt_secret",
+            "SECKILL_JWT_SECRET",
+            f.jwt_secret,
+            super::identity::MIN_SECRET_LEN,
+        )?;
+        let jwks = text(Setting {
+            key: "jwt_jwks_file",
+            var: "SECKILL_JWT_JWKS_FILE",
+            file: f.jwt_jwks_file,
+        });
+        let jwt = match (jwt_secret, jwks) {
+            (Some(_), Some((name, _))) => {
+                return Err(bad(&name, "set either jwt_secret or jwt_jwks_file, not both"))
+            }
+            (Some(s), None) => Some(JwtKeys::Secret(s)),
+            (None, Some((name, path))) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| bad(&name, format!("cannot read {path}: {e}")))?;
+                // Checked now, so that a bad key set stops the start with its name.
+                super::identity::Identity::jwks(&text, None, None)
+                    .map_err(|e| bad(&name, format!("{path}: {e}")))?;
+                Some(JwtKeys::Jwks { path, text })
+            }
+            (None, None) => None,
+        };
+        let claim = |key: &str, var: &str, file: Option<String>| -> Result<Option<String>, ConfigError> {
+            match text(Setting { key, var, file }) {
+                Some((name, v)) if v.trim().is_empty() => Err(bad(&name, "must not be empty")),
+                other => Ok(other.map(|(_, v)| v)),
+            }
+        };
+        let jwt_issuer = claim("jwt_issuer", "SECKILL_JWT_ISSUER", f.jwt_issuer)?;
+        let jwt_audience = claim("jwt_audience", "SECKILL_JWT_AUDIENCE", f.jwt_audience)?;
+        let payment_secret = secret("payment_secret", "SECKILL_PAYMENT_SECRET", f.payment_secret, 16)?;
+        let trusted_proxies = {
+            let (name, list) = match (env("SECKILL_TRUSTED_PROXIES"), f.trusted_proxies) {
+                (Some(v), _) => (
+                    "SECKILL_TRUSTED_PROXIES",
+                    v.split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect(),
+                ),
+                (None, Some(list)) => ("trusted_proxies", list),
+                (None, None) => ("trusted_proxies", Vec::new()),
+            };
+            list.iter()
+                .map(|c| {
+                    // A bare address is a one-address range.
+                    c.parse::<ipnet::IpNet>()
+                        .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                        .map_err(|_| bad(name, format!("{c:?} is not a CIDR range like 10.0.0.0/8")))
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
         let header = match text(Setting {
             key: "trusted_proxy_header",
             var: "SECKILL_TRUSTED_PROXY_HEADER",
@@ -188,8 +299,15 @@ impl ServeConfig {
                 }
                 Some(v)
             }
+            None if !trusted_proxies.is_empty() => Some("x-forwarded-for".to_string()),
             None => None,
         };
+        if header.is_some() && trusted_proxies.is_empty() {
+            return Err(bad(
+                "trusted_proxies",
+                "a trusted_proxy_header needs the proxies' ranges: from any other peer it is spoofable",
+            ));
+        }
         let roles = match (env("SECKILL_ROLES"), f.roles) {
             (Some(v), _) => crate::roles::Roles::parse(&v).map_err(|e| bad("SECKILL_ROLES", e))?,
             (None, Some(v)) => crate::roles::Roles::parse(&v).map_err(|e| bad("roles", e))?,
@@ -228,6 +346,12 @@ impl ServeConfig {
                 d.body_limit_bytes as u64,
             )? as usize,
             trusted_proxy_header: header,
+            trusted_proxies,
+            admin_listen,
+            jwt,
+            jwt_issuer,
+            jwt_audience,
+            payment_secret,
             rate: RateLimits {
                 global_per_sec: num(
                     Setting {
@@ -267,6 +391,35 @@ impl ServeConfig {
                 )?,
             },
             roles,
+            conn_limits: super::listener::ConnLimits {
+                header_read_timeout: Duration::from_millis(num(
+                    Setting {
+                        key: "header_read_timeout_ms",
+                        var: "SECKILL_HEADER_READ_TIMEOUT_MS",
+                        file: f.header_read_timeout_ms,
+                    },
+                    100..=600_000,
+                    d.conn_limits.header_read_timeout.as_millis() as u64,
+                )?),
+                max_connections: num(
+                    Setting {
+                        key: "max_connections",
+                        var: "SECKILL_MAX_CONNECTIONS",
+                        file: f.max_connections,
+                    },
+                    1..=1_000_000,
+                    d.conn_limits.max_connections as u64,
+                )? as usize,
+                shutdown_deadline: Duration::from_millis(num(
+                    Setting {
+                        key: "shutdown_deadline_ms",
+                        var: "SECKILL_SHUTDOWN_DEADLINE_MS",
+                        file: f.shutdown_deadline_ms,
+                    },
+                    0..=600_000,
+                    d.conn_limits.shutdown_deadline.as_millis() as u64,
+                )?),
+            },
         })
     }
 }
@@ -320,6 +473,33 @@ mod tests {
             "SECKILL_TOKEN_SECRET"
         );
         assert_eq!(key("trusted_proxy_header = \"x y\"", &[]), "trusted_proxy_header");
+        assert_eq!(
+            key("trusted_proxy_header = \"x-real-ip\"", &[]),
+            "trusted_proxies"
+        );
+        assert_eq!(key("trusted_proxies = [\"10.0.0.0/33\"]", &[]), "trusted_proxies");
+        assert_eq!(
+            key("", &[("SECKILL_TRUSTED_PROXIES", "10.0.0.1, x")]),
+            "SECKILL_TRUSTED_PROXIES"
+        );
+        assert_eq!(key("admin_listen = \"127.0.0.1:8080\"", &[]), "admin_listen");
+        assert_eq!(key("", &[("SECKILL_JWT_SECRET", "short")]), "SECKILL_JWT_SECRET");
+        assert_eq!(
+            key("jwt_jwks_file = \"/nonexistent/jwks.json\"", &[]),
+            "jwt_jwks_file"
+        );
+        assert_eq!(
+            key(
+                &format!("jwt_secret = \"{}\"\njwt_jwks_file = \"/x\"", "s".repeat(32)),
+                &[]
+            ),
+            "jwt_jwks_file"
+        );
+        assert_eq!(key("jwt_issuer = \" \"", &[]), "jwt_issuer");
+        assert_eq!(key("payment_secret = \"short\"", &[]), "payment_secret");
+        let c = load("trusted_proxies = [\"10.0.0.0/8\", \"fd00::1\"]", &[]).unwrap();
+        assert_eq!(c.trusted_proxy_header.as_deref(), Some("x-forwarded-for"));
+        assert_eq!(c.trusted_proxies.len(), 2);
         assert_eq!(key("", &[("SECKILL_ROLES", "api,maybe")]), "SECKILL_ROLES");
         assert_eq!(key("roles = \"api,api\"", &[]), "roles");
         assert_eq!(

@@ -1,6 +1,8 @@
-//! Rate limits (GCRA, `governor`): one for the whole process, one per user, one per client IP —
-//! checked cheapest first, before anything touches a store — plus a warm-up ramp that admits a
-//! share of requests rising linearly to all over the first `ramp_ms` of a sale.
+//! Rate limits (GCRA, `governor`): one per client IP (IPv6 per /64: one subscriber's prefix),
+//! one per user, one for the whole process, plus a warm-up ramp that admits a share of requests
+//! rising linearly to all over the first `ramp_ms` of a sale. Checked in that order (DESIGN §12):
+//! a flooding client is stopped by its own limit before it can drain the shared one, and the
+//! per-user quota is charged only once the caller is known to be that user.
 //!
 //! Time comes from `tokio::time` (a governor `Clock` over it), like everywhere in the engine.
 
@@ -48,6 +50,18 @@ pub struct Limits {
     ramp_seen: AtomicU64,
 }
 
+/// The key a client address is limited under: IPv4 as is, IPv6 by its /64 (a subscriber gets a
+/// whole /64 and picks addresses in it freely).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
 fn quota(per_sec: u32) -> Quota {
     Quota::per_second(NonZeroU32::new(per_sec.max(1)).expect("at least 1"))
 }
@@ -79,28 +93,26 @@ impl Limits {
         not_until.wait_time_from(self.clock.now())
     }
 
-    /// Check every limit for one request (the global one, then the keyed ones).
-    pub fn check(&self, user: u64, ip: Option<IpAddr>, since_open_ms: Option<u64>) -> Result<(), Limited> {
-        self.check_global()?;
-        self.check_keyed(user, ip, since_open_ms)
-    }
-
-    /// The process-wide limit: one atomic step.
-    pub fn check_global(&self) -> Result<(), Limited> {
-        self.global.check().map_err(|n| Limited {
-            scope: "global",
+    /// The per-client limit (before anything else: it costs one map lookup).
+    pub fn check_ip(&self, ip: Option<IpAddr>) -> Result<(), Limited> {
+        let Some(ip) = ip else { return Ok(()) };
+        self.per_ip.check_key(&client_key(ip)).map_err(|n| Limited {
+            scope: "ip",
             retry_after: self.wait(&n),
         })
     }
 
-    /// The ramp, then the per-IP and per-user limits (map lookups). `since_open_ms`: how long the
-    /// activity has been open (the ramp applies while it is below `ramp_ms`).
-    pub fn check_keyed(
-        &self,
-        user: u64,
-        ip: Option<IpAddr>,
-        since_open_ms: Option<u64>,
-    ) -> Result<(), Limited> {
+    /// The per-user limit: only for a verified caller (else anyone could lock a user out).
+    pub fn check_user(&self, user: u64) -> Result<(), Limited> {
+        self.per_user.check_key(&user).map_err(|n| Limited {
+            scope: "user",
+            retry_after: self.wait(&n),
+        })
+    }
+
+    /// The ramp, then the process-wide limit. `since_open_ms`: how long the activity has been
+    /// open (the ramp applies while it is below `ramp_ms`).
+    pub fn check_global(&self, since_open_ms: Option<u64>) -> Result<(), Limited> {
         if let Some(t) = since_open_ms.filter(|t| *t < self.ramp_ms) {
             // Admit t/ramp of the requests: every request counts, a deterministic share passes.
             let n = self.ramp_seen.fetch_add(1, Ordering::Relaxed) % 1_000;
@@ -111,16 +123,17 @@ impl Limits {
                 });
             }
         }
-        if let Some(ip) = ip {
-            self.per_ip.check_key(&ip).map_err(|n| Limited {
-                scope: "ip",
-                retry_after: self.wait(&n),
-            })?;
-        }
-        self.per_user.check_key(&user).map_err(|n| Limited {
-            scope: "user",
+        self.global.check().map_err(|n| Limited {
+            scope: "global",
             retry_after: self.wait(&n),
         })
+    }
+
+    /// Every limit, in order, for one request (the per-user one with a verified user).
+    pub fn check(&self, user: u64, ip: Option<IpAddr>, since_open_ms: Option<u64>) -> Result<(), Limited> {
+        self.check_ip(ip)?;
+        self.check_user(user)?;
+        self.check_global(since_open_ms)
     }
 
     /// Forget keys idle long enough to be back at full quota (bounds the maps' memory).
@@ -144,7 +157,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn per_user_then_per_ip_then_recovery_with_time() {
+    async fn per_ip_then_per_user_then_recovery_with_time() {
         let l = limits(0);
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         assert_eq!(l.check(1, Some(ip), None), Ok(()));
@@ -160,6 +173,39 @@ mod tests {
             Ok(()),
             "the quota comes back with time"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_client_does_not_drain_the_global_quota() {
+        let l = Limits::new(&RateLimits {
+            global_per_sec: 10,
+            per_user_per_sec: 100,
+            per_ip_per_sec: 3,
+            ramp_ms: 0,
+        });
+        let flooder: IpAddr = "203.0.113.9".parse().unwrap();
+        let refused = (0..100)
+            .filter(|u| l.check(*u, Some(flooder), None).is_err())
+            .count();
+        assert_eq!(refused, 97, "the flooder is stopped by its own limit");
+        let others = (0..7u8)
+            .filter(|i| {
+                l.check(1_000, Some(IpAddr::from([198, 51, 100, *i])), None)
+                    .is_ok()
+            })
+            .count();
+        assert_eq!(others, 7, "everyone else still has the global quota");
+    }
+
+    #[test]
+    fn ipv6_clients_are_limited_per_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(client_key(a), client_key(b));
+        assert_ne!(client_key(a), client_key(c));
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
+        assert_eq!(client_key(mapped), "10.1.2.3".parse::<IpAddr>().unwrap());
     }
 
     #[tokio::test(start_paused = true)]

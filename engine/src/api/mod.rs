@@ -2,17 +2,24 @@
 //! health. Generic over the ports, so the same router runs on the embedded stores and on the real
 //! ones; never built under `cfg(madsim)` (the simulation drives the services directly).
 //!
+//! Two listeners (DESIGN §12): the public one (buyers, the payment provider's callback) and the
+//! admin one (operator routes, `/metrics`, `/readyz`; loopback by default).
+//!
 //! Order of checks on the purchase route, cheapest first: path and body decode (400), activity
-//! known locally (404), the global rate limit (429), the local answer — window, state, sold-out
-//! flag — (memory), the per-IP and per-user limits (429), the token's signature, binding and
-//! expiry (memory), then the token's nonce is claimed (Redis or memory) and only then does the
-//! request reach `PurchaseService` (Redis, Kafka).
+//! known locally (404), the per-IP limit (429), the caller's JWT (401; a body `user_id` must be
+//! the caller: 403), the local answer — window, state, sold-out flag — (memory), the per-user,
+//! ramp and global limits (429), the token's signature, binding and expiry (memory), then the
+//! token's nonce is claimed (Redis or memory) and only then does the request reach
+//! `PurchaseService` (Redis, Kafka).
 //! Every error is `{"error": {"code", "message", "field"}}`.
 
 pub mod body;
 pub mod config;
+pub mod identity;
 pub mod limits;
+pub mod listener;
 pub mod nonce;
+pub mod payment;
 mod routes;
 pub mod serve;
 pub mod token;
@@ -27,7 +34,23 @@ use rand::rngs::StdRng;
 use std::sync::{Arc, Mutex};
 use token::TokenSigner;
 
-pub use routes::{router, ROUTES};
+pub use routes::{admin_router, probe_readiness, router, ADMIN_ROUTES, ROUTES};
+
+/// What `/readyz` answers: the last probe's verdict (not ready until the first probe).
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    pub ok: bool,
+    pub body: serde_json::Value,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Readiness {
+            ok: false,
+            body: serde_json::json!({ "starting": "not probed yet" }),
+        }
+    }
+}
 
 /// Everything a request may need. Shared behind an `Arc`; the only lock is the nonce RNG's
 /// (a std Mutex held for one `next_u64`, never across an await).
@@ -38,15 +61,23 @@ pub struct Api<C, B, L, N> {
     pub roles: crate::roles::Roles,
     pub nonces: N,
     pub signer: TokenSigner,
+    /// Who the caller is (a bearer JWT on every user route).
+    pub identity: identity::Identity,
+    /// The payment provider's callback signatures; `None`: not configured (503).
+    pub payments: Option<payment::CallbackVerifier>,
     pub limits: Limits,
     pub admin_token: String,
     pub clock: Clock,
-    /// Client IPs come from this header (lowercase name) instead of the socket.
+    /// From peers in `trusted_proxies`, the client IP comes from this header (lowercase name).
     pub trusted_proxy_header: Option<String>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     pub token_rng: Mutex<StdRng>,
     pub metrics: Option<PrometheusHandle>,
     pub body_limit_bytes: usize,
     pub request_timeout: std::time::Duration,
+    pub conn_limits: listener::ConnLimits,
+    /// The readiness probe's last verdict.
+    pub readiness: std::sync::RwLock<Readiness>,
 }
 
 pub type Shared<C, B, L, N> = Arc<Api<C, B, L, N>>;
@@ -59,6 +90,9 @@ pub struct ApiError {
     pub message: String,
     pub field: Option<String>,
     pub retry_after_secs: Option<u64>,
+    /// A 401's `WWW-Authenticate: Bearer` challenge: the RFC 6750 error (`invalid_token`), or
+    /// `missing` for none (no credential was sent).
+    pub challenge: Option<&'static str>,
 }
 
 impl ApiError {
@@ -69,6 +103,7 @@ impl ApiError {
             message: message.into(),
             field: None,
             retry_after_secs: None,
+            challenge: None,
         }
     }
 
@@ -110,6 +145,18 @@ impl IntoResponse for ApiError {
         if let Some(secs) = self.retry_after_secs {
             resp.headers_mut()
                 .insert("retry-after", HeaderValue::from(secs.max(1)));
+        }
+        match self.challenge {
+            Some("missing") => {
+                resp.headers_mut()
+                    .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+            }
+            Some(error) => {
+                if let Ok(v) = HeaderValue::from_str(&format!("Bearer error=\"{error}\"")) {
+                    resp.headers_mut().insert("www-authenticate", v);
+                }
+            }
+            None => {}
         }
         resp
     }

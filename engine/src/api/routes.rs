@@ -24,14 +24,21 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// Every route (method, path) — the OpenAPI document must describe exactly these.
+/// Every route of the public listener (method, path) — the OpenAPI document must describe
+/// exactly these and `ADMIN_ROUTES`.
 pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/activities/{id}/token"),
     ("post", "/api/v1/activities/{id}/purchase"),
     ("get", "/api/v1/activities/{id}"),
     ("get", "/api/v1/activities/{id}/orders/{user}"),
-    ("post", "/api/v1/orders/{reservation}/pay"),
     ("post", "/api/v1/orders/{reservation}/cancel"),
+    ("post", "/api/v1/payments/callback"),
+    ("get", "/api/v1/openapi.json"),
+    ("get", "/healthz"),
+];
+
+/// Every route of the admin listener (DESIGN §12: never on the public port).
+pub const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/admin/activities"),
     ("post", "/api/v1/admin/activities/{id}/warmup"),
     ("post", "/api/v1/admin/activities/{id}/pause"),
@@ -39,15 +46,56 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/admin/activities/{id}/close"),
     ("post", "/api/v1/admin/activities/{id}/reconcile"),
     ("get", "/api/v1/admin/activities/{id}/audit"),
-    ("get", "/api/v1/openapi.json"),
+    ("get", "/api/v1/admin/activities/{id}/orders/{user}"),
+    ("post", "/api/v1/admin/orders/{reservation}/cancel"),
     ("get", "/metrics"),
     ("get", "/healthz"),
     ("get", "/readyz"),
 ];
 
+/// Metric label of a matched route (both tables, bounded cardinality).
+fn route_index(path: &str) -> Option<usize> {
+    ROUTES.iter().chain(ADMIN_ROUTES).position(|(_, r)| *r == path)
+}
+
+fn route_name(i: usize) -> &'static str {
+    ROUTES
+        .iter()
+        .chain(ADMIN_ROUTES)
+        .nth(i)
+        .map_or("unmatched", |r| r.1)
+}
+
 pub const OPENAPI: &str = include_str!("../../openapi.json");
 
+/// The public listener: the buyer's routes and the payment provider's callback.
 pub fn router<C, B, L, N>(api: Shared<C, B, L, N>) -> Router
+where
+    C: StockCache,
+    B: OrderBus,
+    L: Ledger,
+    N: NonceStore,
+{
+    let r = Router::new()
+        .route("/api/v1/activities/{id}/token", post(issue_token::<C, B, L, N>))
+        .route("/api/v1/activities/{id}/purchase", post(purchase::<C, B, L, N>))
+        .route("/api/v1/activities/{id}", get(activity_view::<C, B, L, N>))
+        .route(
+            "/api/v1/activities/{id}/orders/{user}",
+            get(order_view::<C, B, L, N>),
+        )
+        .route("/api/v1/orders/{reservation}/cancel", post(cancel::<C, B, L, N>))
+        .route("/api/v1/payments/callback", post(payment_callback::<C, B, L, N>))
+        .route(
+            "/api/v1/openapi.json",
+            get(|| async { ([("content-type", "application/json")], OPENAPI) }),
+        )
+        .route("/healthz", get(|| async { "ok" }));
+    finish(r, api)
+}
+
+/// The admin listener: operator routes, metrics, readiness (loopback or the pod network only).
+pub fn admin_router<C, B, L, N>(api: Shared<C, B, L, N>) -> Router
 where
     C: StockCache,
     B: OrderBus,
@@ -62,18 +110,7 @@ where
             },
         )
     };
-    let timeout = api.request_timeout;
-    let limit = api.body_limit_bytes;
-    Router::new()
-        .route("/api/v1/activities/{id}/token", post(issue_token::<C, B, L, N>))
-        .route("/api/v1/activities/{id}/purchase", post(purchase::<C, B, L, N>))
-        .route("/api/v1/activities/{id}", get(activity_view::<C, B, L, N>))
-        .route(
-            "/api/v1/activities/{id}/orders/{user}",
-            get(order_view::<C, B, L, N>),
-        )
-        .route("/api/v1/orders/{reservation}/pay", post(pay::<C, B, L, N>))
-        .route("/api/v1/orders/{reservation}/cancel", post(cancel::<C, B, L, N>))
+    let r = Router::new()
         .route("/api/v1/admin/activities", post(admin_create::<C, B, L, N>))
         .route(
             "/api/v1/admin/activities/{id}/warmup",
@@ -100,13 +137,32 @@ where
             get(admin_audit::<C, B, L, N>),
         )
         .route(
-            "/api/v1/openapi.json",
-            get(|| async { ([("content-type", "application/json")], OPENAPI) }),
+            "/api/v1/admin/activities/{id}/orders/{user}",
+            get(admin_order_view::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/orders/{reservation}/cancel",
+            post(admin_cancel::<C, B, L, N>),
         )
         .route("/metrics", get(metrics_text::<C, B, L, N>))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready::<C, B, L, N>))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .route("/readyz", get(ready::<C, B, L, N>));
+    finish(r, api)
+}
+
+/// What both listeners share: JSON fallbacks, the time bound inside the observation (a request
+/// that timed out is still logged and counted, with its request id), a caught panic answered
+/// as JSON, the body limit.
+fn finish<C, B, L, N>(r: Router<Shared<C, B, L, N>>, api: Shared<C, B, L, N>) -> Router
+where
+    C: StockCache,
+    B: OrderBus,
+    L: Ledger,
+    N: NonceStore,
+{
+    let timeout = api.request_timeout;
+    let limit = api.body_limit_bytes;
+    r.fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -114,10 +170,18 @@ where
                 "method not allowed here",
             )
         })
-        .layer(axum::middleware::from_fn(observe))
         .layer(axum::middleware::from_fn(move |req: Request, next: Next| {
             within(timeout, req, next)
         }))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the request failed inside the engine",
+            )
+            .into_response()
+        }))
+        .layer(axum::middleware::from_fn(observe))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(api)
 }
@@ -147,8 +211,8 @@ async fn observe(req: Request, next: Next) -> Response {
     let route_index = req
         .extensions()
         .get::<MatchedPath>()
-        .and_then(|p| ROUTES.iter().position(|(_, r)| *r == p.as_str()));
-    let route: &'static str = route_index.map_or("unmatched", |i| ROUTES[i].1);
+        .and_then(|p| route_index(p.as_str()));
+    let route: &'static str = route_index.map_or("unmatched", route_name);
     let request_id = req
         .headers()
         .get("x-request-id")
@@ -165,7 +229,7 @@ async fn observe(req: Request, next: Next) -> Response {
         .iter()
         .position(|s| *s == status.as_u16())
         .unwrap_or(STATUSES.len());
-    requests_counter(route_index.unwrap_or(ROUTES.len()), status_index).increment(1);
+    requests_counter(route_index.unwrap_or(ROUTE_COUNT), status_index).increment(1);
     if status.is_server_error() {
         tracing::warn!(request_id = %request_id, %method, route = %route, status = status.as_u16(), "request failed");
     } else {
@@ -178,19 +242,22 @@ async fn observe(req: Request, next: Next) -> Response {
 }
 
 /// The statuses the API answers, as metric labels ("other" past the end).
-const STATUSES: [u16; 13] = [200, 201, 202, 400, 401, 403, 404, 409, 410, 413, 425, 429, 503];
-const STATUS_LABELS: [&str; 14] = [
-    "200", "201", "202", "400", "401", "403", "404", "409", "410", "413", "425", "429", "503", "other",
+const STATUSES: [u16; 14] = [
+    200, 201, 202, 400, 401, 403, 404, 409, 410, 413, 425, 429, 500, 503,
 ];
+const STATUS_LABELS: [&str; 15] = [
+    "200", "201", "202", "400", "401", "403", "404", "409", "410", "413", "425", "429", "500", "503", "other",
+];
+const ROUTE_COUNT: usize = ROUTES.len() + ADMIN_ROUTES.len();
 
 /// `seckill_http_requests_total` for (route, status), registered on first use and kept: the hot
 /// path increments a handle instead of looking the labels up in the registry every request.
 fn requests_counter(route: usize, status: usize) -> &'static metrics::Counter {
-    const ROUTE_SLOTS: usize = ROUTES.len() + 1;
+    const ROUTE_SLOTS: usize = ROUTE_COUNT + 1;
     static COUNTERS: [[OnceLock<metrics::Counter>; STATUS_LABELS.len()]; ROUTE_SLOTS] =
         [const { [const { OnceLock::new() }; STATUS_LABELS.len()] }; ROUTE_SLOTS];
     COUNTERS[route][status].get_or_init(|| {
-        let route = ROUTES.get(route).map_or("unmatched", |r| r.1);
+        let route = route_name(route);
         metrics::counter!("seckill_http_requests_total", "route" => route, "status" => STATUS_LABELS[status])
     })
 }
@@ -213,7 +280,10 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     }
 }
 
-/// The client's IP: from the trusted proxy header when one is configured, else the socket.
+/// The client's IP. From a trusted proxy (its socket address in `trusted_proxies`), the
+/// rightmost address in the forwarding header that is not itself a trusted proxy — the one the
+/// first proxy we trust saw; addresses further left were written by the client and prove
+/// nothing. From any other peer, the socket's address, whatever the header says.
 pub struct ClientIp(pub Option<IpAddr>);
 
 impl<C, B, L, N> FromRequestParts<Shared<C, B, L, N>> for ClientIp
@@ -229,22 +299,34 @@ where
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0.ip());
-        if let Some(header) = &api.trusted_proxy_header {
-            // Without the header the request did not come through the proxy: the socket it is.
-            let Some(v) = parts.headers.get(header.as_str()) else {
-                return Ok(ClientIp(socket));
-            };
-            // X-Forwarded-For style: the first address is the client.
-            let first = v.to_str().ok().and_then(|s| s.split(',').next()).map(str::trim);
-            return match first.and_then(|s| s.parse().ok()) {
-                Some(ip) => Ok(ClientIp(Some(ip))),
-                None => Err(
-                    ApiError::new(StatusCode::BAD_REQUEST, "invalid_input", "not an IP address")
-                        .field(header.clone()),
-                ),
-            };
+        let trusted = |ip: &IpAddr| api.trusted_proxies.iter().any(|n| n.contains(ip));
+        let (Some(peer), Some(header)) = (socket, &api.trusted_proxy_header) else {
+            return Ok(ClientIp(socket));
+        };
+        if !trusted(&peer) {
+            return Ok(ClientIp(Some(peer)));
         }
-        Ok(ClientIp(socket))
+        let bad = || {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_input",
+                "not a list of IP addresses",
+            )
+            .field(header.clone())
+        };
+        // Every instance of the header, in order, as one list; read from the right.
+        let mut hops = Vec::new();
+        for v in parts.headers.get_all(header.as_str()) {
+            hops.extend(v.to_str().map_err(|_| bad())?.split(',').map(str::trim));
+        }
+        let mut client = peer;
+        for hop in hops.iter().rev() {
+            client = hop.parse().map_err(|_| bad())?;
+            if !trusted(&client) {
+                break;
+            }
+        }
+        Ok(ClientIp(Some(client)))
     }
 }
 
@@ -263,7 +345,7 @@ fn unknown_activity(a: ActivityId) -> ApiError {
     .field("id")
 }
 
-fn known<C: StockCache, B: OrderBus, L, N>(
+fn known<C: StockCache, B: OrderBus, L: Ledger, N>(
     api: &Shared<C, B, L, N>,
     a: ActivityId,
 ) -> Result<(Activity, ActivityState), ApiError> {
@@ -273,7 +355,15 @@ fn known<C: StockCache, B: OrderBus, L, N>(
             api.roles
         )));
     }
-    api.core.service.activity(a).ok_or_else(|| unknown_activity(a))
+    api.core.service.activity(a).ok_or_else(|| {
+        if api.core.loaded() {
+            unknown_activity(a)
+        } else {
+            // Not "no such activity": this process has not read the registry yet (it started
+            // while a store was away); /readyz says so too.
+            ApiError::unavailable("this process has not loaded the activity registry yet")
+        }
+    })
 }
 
 fn rate_limited(l: super::limits::Limited) -> ApiError {
@@ -287,26 +377,58 @@ fn rate_limited(l: super::limits::Limited) -> ApiError {
     e
 }
 
-/// The funnel's front, in order: the global limit (one atomic step), then whatever memory can
-/// answer — not started, ended, paused, known sold out — before the per-IP and per-user limits
-/// (map lookups) and anything after: a request memory can refuse costs the least, and touches no
-/// store whatever its token says.
+fn unauthenticated(e: super::identity::AuthError) -> ApiError {
+    let mut err = ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", e.reason).field("authorization");
+    err.challenge = Some(e.kind);
+    err
+}
+
+/// The verified caller; a `user_id` in the body must name the same user.
+fn caller<C, B, L, N>(
+    api: &Shared<C, B, L, N>,
+    headers: &HeaderMap,
+    body_user: Option<u64>,
+) -> Result<UserId, ApiError> {
+    let auth = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let super::identity::Caller(user) = api
+        .identity
+        .verify(auth, api.clock.now_ms())
+        .map_err(unauthenticated)?;
+    match body_user {
+        Some(u) if u != user.0 => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "identity_mismatch",
+            format!("user_id {u} is not the caller (user {user})"),
+        )
+        .field("user_id")),
+        _ => Ok(user),
+    }
+}
+
+/// The funnel's front, in order (DESIGN §12): the per-client limit, the caller's identity, then
+/// whatever memory can answer — not started, ended, paused, known sold out — and only then the
+/// per-user limit (charged to a verified user) and the ramp and global limit (a flooding client
+/// was stopped by its own limit before it could drain the shared one).
 fn front<C: StockCache, B: OrderBus, L, N>(
     api: &Shared<C, B, L, N>,
     activity: &Activity,
-    user: UserId,
+    headers: &HeaderMap,
+    body_user: Option<u64>,
     qty: u32,
     ip: Option<IpAddr>,
-) -> Result<(), ApiError> {
-    api.limits.check_global().map_err(rate_limited)?;
+) -> Result<UserId, ApiError> {
+    api.limits.check_ip(ip).map_err(rate_limited)?;
+    let user = caller(api, headers, body_user)?;
     if let Some(answer) = api.core.service.precheck(activity.id(), user, qty) {
         let o = answer.map_err(purchase_error)?;
         return Err(outcome_error(&o).expect("memory never queues"));
     }
+    api.limits.check_user(user.0).map_err(rate_limited)?;
     let since_open = api.clock.now_ms().checked_sub(activity.spec().start_ms);
-    api.limits
-        .check_keyed(user.0, ip, since_open)
-        .map_err(rate_limited)
+    api.limits.check_global(since_open).map_err(rate_limited)?;
+    Ok(user)
 }
 
 fn outcome_error(o: &PurchaseOutcome) -> Option<ApiError> {
@@ -344,17 +466,16 @@ async fn issue_token<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path(id): Path<String>,
     ClientIp(ip): ClientIp,
+    headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> Result<Json<TokenAnswer>, ApiError> {
     let a = id_from(&id)?;
     let req = body::token_request(&bytes).map_err(ApiError::bad_input)?;
     let (activity, _) = known(&api, a)?;
-    // Tokens only inside the window, while the sale takes orders and has stock.
-    front(&api, &activity, UserId(req.user_id), 1, ip)?;
+    // Tokens only for the caller, inside the window, while the sale takes orders and has stock.
+    let user = front(&api, &activity, &headers, req.user_id, 1, ip)?;
     let nonce = api.token_rng.lock().unwrap_or_else(|p| p.into_inner()).next_u64();
-    let (token, expires_at_ms) = api
-        .signer
-        .issue(a, UserId(req.user_id), api.clock.now_ms(), nonce);
+    let (token, expires_at_ms) = api.signer.issue(a, user, api.clock.now_ms(), nonce);
     Ok(Json(TokenAnswer { token, expires_at_ms }))
 }
 
@@ -375,10 +496,11 @@ async fn purchase<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path(id): Path<String>,
     ClientIp(ip): ClientIp,
+    headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> Response {
     let started = tokio::time::Instant::now();
-    let result = purchase_inner(&api, &id, ip, &bytes).await;
+    let result = purchase_inner(&api, &id, ip, &headers, &bytes).await;
     let label = match &result {
         Ok(_) => "queued",
         Err(e) => e.code,
@@ -402,13 +524,13 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     api: &Shared<C, B, L, N>,
     id: &str,
     ip: Option<IpAddr>,
+    headers: &HeaderMap,
     bytes: &[u8],
 ) -> Result<ReservationId, ApiError> {
     let a = id_from(id)?;
     let req = body::purchase_request(bytes).map_err(ApiError::bad_input)?;
     let (activity, _) = known(api, a)?;
-    let user = UserId(req.user_id);
-    front(api, &activity, user, req.qty, ip)?;
+    let user = front(api, &activity, headers, req.user_id, req.qty, ip)?;
     let now = api.clock.now_ms();
     let token = api.signer.verify(&req.token, a, user, now).map_err(|e| {
         let status = if e.code == "token_malformed" {
@@ -454,13 +576,27 @@ async fn activity_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     })))
 }
 
+/// The caller's own order (another user's answers 404 like no order: existence is not revealed).
 async fn order_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path((id, user)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let a = id_from(&id)?;
     let user = UserId(path_id("user", &user).map_err(ApiError::bad_input)?);
-    known(&api, a)?;
+    let me = caller(&api, &headers, None)?;
+    if me != user {
+        return Err(no_order().field("user"));
+    }
+    order_of_user(&api, a, user).await
+}
+
+async fn order_of_user<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    api: &Shared<C, B, L, N>,
+    a: ActivityId,
+    user: UserId,
+) -> Result<Json<Value>, ApiError> {
+    known(api, a)?;
     let plan = api.core.service.plan(a).ok_or_else(|| unknown_activity(a))?;
     let view = order_status(&api.core.cache, &api.core.ledger, &plan, user)
         .await
@@ -485,46 +621,101 @@ fn no_order() -> ApiError {
     .field("reservation")
 }
 
-async fn pay<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
-    State(api): State<Shared<C, B, L, N>>,
-    Path(r): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let id = reservation_from(&r)?;
-    match api
-        .core
-        .ledger
-        .pay(id)
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?
-    {
-        PayOutcome::Paid | PayOutcome::AlreadyPaid => Ok(Json(json!({ "status": "paid" }))),
-        PayOutcome::NotPayable(s) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_payable",
-            format!(
-                "the order is {}; no stock moved",
-                serde_json::to_value(s)
-                    .unwrap_or_default()
-                    .as_str()
-                    .unwrap_or("closed")
-            ),
-        )),
-        PayOutcome::NotFound => Err(no_order()),
+fn status_name(s: crate::ports::OrderStatus) -> &'static str {
+    use crate::ports::OrderStatus::*;
+    match s {
+        Created => "created",
+        Paid => "paid",
+        Cancelled => "cancelled",
+        Failed => "failed",
     }
 }
 
+/// The payment provider's signed callback: the only way an order becomes paid (DESIGN §12).
+async fn payment_callback<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    RawBody(bytes): RawBody,
+) -> Result<Json<Value>, ApiError> {
+    let Some(verifier) = &api.payments else {
+        return Err(ApiError::unavailable(
+            "payment callbacks are not configured here (payment_secret)",
+        ));
+    };
+    let sig = headers
+        .get(super::payment::SIGNATURE_HEADER)
+        .map(|v| v.as_bytes());
+    verifier.verify(sig, &bytes, api.clock.now_ms()).map_err(|e| {
+        paid_metric("bad_signature");
+        ApiError::new(StatusCode::UNAUTHORIZED, "bad_signature", e.0).field("x-seckill-signature")
+    })?;
+    let cb = super::payment::callback(&bytes).map_err(ApiError::bad_input)?;
+    let outcome = api
+        .core
+        .ledger
+        .pay(cb.reservation, &cb.payment_id)
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    let (label, answer) = match outcome {
+        PayOutcome::Paid => ("paid", Ok(Json(json!({ "status": "paid" })))),
+        PayOutcome::AlreadyPaid => ("repeated", Ok(Json(json!({ "status": "paid" })))),
+        PayOutcome::PaidWithOther(other) => (
+            "double",
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "already_paid",
+                format!("the order was paid by payment {other}; this payment is to be refunded"),
+            )
+            .field("payment_id")),
+        ),
+        PayOutcome::NotPayable(crate::ports::OrderStatus::Cancelled) => (
+            "after_cancel",
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "order_cancelled",
+                "the order was cancelled (payment timeout or the buyer); this payment is to be refunded",
+            )
+            .field("reservation_id")),
+        ),
+        PayOutcome::NotPayable(s) => (
+            "not_payable",
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "not_payable",
+                format!("the order is {}; no stock moved", status_name(s)),
+            )
+            .field("reservation_id")),
+        ),
+        PayOutcome::NotFound => ("unknown", Err(no_order().field("reservation_id"))),
+    };
+    paid_metric(label);
+    answer
+}
+
+fn paid_metric(outcome: &'static str) {
+    metrics::counter!("seckill_payment_callbacks_total", "outcome" => outcome).increment(1);
+}
+
+/// The buyer cancels their own unpaid order (another user's answers 404, as if there were none).
 async fn cancel<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path(r): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let id = reservation_from(&r)?;
-    match api
-        .core
-        .ledger
-        .cancel(id)
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?
-    {
+    let me = caller(&api, &headers, None)?;
+    let order = api.core.ledger.order(id).await.map_err(store_error)?;
+    if order.is_none_or(|o| o.reservation.user != me) {
+        return Err(no_order());
+    }
+    cancel_order(&api, id).await
+}
+
+async fn cancel_order<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    api: &Shared<C, B, L, N>,
+    id: ReservationId,
+) -> Result<Json<Value>, ApiError> {
+    match api.core.ledger.cancel(id).await.map_err(store_error)? {
         CancelOutcome::Cancelled(r) => {
             // The unit goes back to its own bucket; if Redis is down now, the reconciler gives it
             // back later (a cancelled order not yet released).
@@ -535,13 +726,7 @@ async fn cancel<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         CancelOutcome::NotCancellable(s) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_cancellable",
-            format!(
-                "the order is {}",
-                serde_json::to_value(s)
-                    .unwrap_or_default()
-                    .as_str()
-                    .unwrap_or("closed")
-            ),
+            format!("the order is {}", status_name(s)),
         )),
         CancelOutcome::NotFound => Err(no_order()),
     }
@@ -589,6 +774,27 @@ fn admin_error(e: AdminError) -> ApiError {
         AdminError::Busy { .. } => ApiError::unavailable(e.to_string()),
         AdminError::Store(e) => store_error(e),
     }
+}
+
+async fn admin_order_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path((id, user)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let a = id_from(&id)?;
+    let user = UserId(path_id("user", &user).map_err(ApiError::bad_input)?);
+    order_of_user(&api, a, user).await
+}
+
+async fn admin_cancel<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path(r): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let id = reservation_from(&r)?;
+    cancel_order(&api, id).await
 }
 
 fn warmed_view(w: &Warmed) -> Value {
@@ -722,11 +928,21 @@ async fn metrics_text<C, B, L, N>(State(api): State<Shared<C, B, L, N>>) -> Resp
     }
 }
 
-/// Ready for this process's roles (DESIGN §11.1): api = Redis answers and the registry was
-/// loaded; worker = Kafka and MySQL answer; jobs = all three.
-async fn ready<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
-    State(api): State<Shared<C, B, L, N>>,
-) -> Response {
+/// Ready for this process's roles (DESIGN §11.1), from the state the probe task last saw
+/// (`probe_readiness`, every second): a flood of probes costs no store a single call.
+async fn ready<C, B, L, N>(State(api): State<Shared<C, B, L, N>>) -> Response {
+    let seen = api.readiness.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let status = if seen.ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(seen.body)).into_response()
+}
+
+/// Probe what this process's roles need: api = Redis answers and the registry was loaded;
+/// worker = Kafka and MySQL answer; jobs = all three. Stored for `/readyz`.
+pub async fn probe_readiness<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(api: &Shared<C, B, L, N>) {
     let roles = api.roles;
     let redis = (roles.api || roles.jobs).then_some(api.core.cache.meta(ActivityId(0)).await.map(|_| ()));
     let ledger =
@@ -746,10 +962,5 @@ async fn ready<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         .iter()
         .all(|r| r.as_ref().is_none_or(|r| r.is_ok()))
         && loaded.unwrap_or(true);
-    let status = if ok {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, Json(body)).into_response()
+    *api.readiness.write().unwrap_or_else(|p| p.into_inner()) = super::Readiness { ok, body };
 }

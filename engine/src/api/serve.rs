@@ -3,10 +3,12 @@
 //! flight, then stop the consumer and the jobs (the caller flushes the producer after).
 
 use super::config::ServeConfig;
+use super::identity::Identity;
 use super::limits::Limits;
 use super::nonce::NonceStore;
+use super::payment::CallbackVerifier;
 use super::token::TokenSigner;
-use super::{router, Api, Shared};
+use super::{admin_router, router, Api, Shared};
 use crate::clock::Clock;
 use crate::jobs::{RebalanceConfig, ReconcileConfig, RecoveryConfig};
 use crate::ports::{Ledger, OrderBus, StockCache};
@@ -25,6 +27,8 @@ use tokio::sync::watch;
 /// How often the `api` role re-reads the registry and the metas: a pause, resume, close or a new
 /// activity reaches every API process within two of these.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(200);
+/// How often readiness is probed (what `/readyz` answers).
+const READY_EVERY: Duration = Duration::from_secs(1);
 /// How often the jobs run over every registered activity.
 const JOBS_EVERY: Duration = Duration::from_secs(2);
 /// How often the API role prunes its limiters' idle keys.
@@ -93,6 +97,9 @@ impl
 pub struct Secrets {
     pub admin_token: String,
     pub token_secret: Vec<u8>,
+    /// The JWT keys: configured, or a random HS256 secret that nobody else knows (a process
+    /// that serves no user: `serve` on the embedded default uses `identity::dev_secret`).
+    pub jwt: super::config::JwtKeys,
 }
 
 impl Secrets {
@@ -111,9 +118,13 @@ impl Secrets {
             .as_ref()
             .map(|s| s.as_bytes().to_vec())
             .unwrap_or_else(|| random(32));
+        let jwt = cfg.jwt.clone().unwrap_or_else(|| {
+            super::config::JwtKeys::Secret(random(32).iter().map(|b| format!("{b:02x}")).collect())
+        });
         Secrets {
             admin_token,
             token_secret,
+            jwt,
         }
     }
 }
@@ -128,27 +139,45 @@ pub fn api<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Shared<C, B, L, N>, String> {
     let signer = TokenSigner::new(&secrets.token_secret, cfg.token_ttl_ms)
         .map_err(|e| format!("token_secret: {e}"))?;
+    let (iss, aud) = (cfg.jwt_issuer.clone(), cfg.jwt_audience.clone());
+    let identity = match &secrets.jwt {
+        super::config::JwtKeys::Secret(s) => {
+            Identity::hs256(s.as_bytes(), iss, aud).map_err(|e| format!("jwt_secret: {e}"))?
+        }
+        super::config::JwtKeys::Jwks { path, text } => {
+            Identity::jwks(text, iss, aud).map_err(|e| format!("jwt_jwks_file: {path}: {e}"))?
+        }
+    };
     Ok(Arc::new(Api {
         core: roles::api_role(stores.cache, stores.bus, stores.ledger, clock, recovery(), rng),
         roles: cfg.roles,
         nonces: stores.nonces,
         signer,
+        identity,
+        payments: cfg
+            .payment_secret
+            .as_ref()
+            .map(|s| CallbackVerifier::new(s.as_bytes())),
         limits: Limits::new(&cfg.rate),
         admin_token: secrets.admin_token.clone(),
         clock,
         trusted_proxy_header: cfg.trusted_proxy_header.clone(),
+        trusted_proxies: cfg.trusted_proxies.clone(),
         token_rng: Mutex::new(StdRng::seed_from_u64(rng.next_u64())),
         metrics: metrics_handle(),
         body_limit_bytes: cfg.body_limit_bytes,
         request_timeout: cfg.request_timeout,
+        conn_limits: cfg.conn_limits,
+        readiness: Default::default(),
     }))
 }
 
 /// A running server: its address, and how to stop it.
 pub struct Running {
     pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
     stop: watch::Sender<bool>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     background: Vec<tokio::task::JoinHandle<()>>,
     consumer_stop: Arc<AtomicBool>,
 }
@@ -157,7 +186,12 @@ impl Running {
     /// Stop accepting, finish in-flight requests, then stop the consumer and the jobs.
     pub async fn shutdown(self) -> std::io::Result<()> {
         let _ = self.stop.send(true);
-        let served = self.server.await.unwrap_or(Ok(()));
+        let mut served = Ok(());
+        for s in self.servers {
+            if let Err(e) = s.await.unwrap_or(Ok(())) {
+                served = Err(e);
+            }
+        }
         self.consumer_stop.store(true, Ordering::Release);
         for t in self.background {
             let _ = t.await;
@@ -166,24 +200,36 @@ impl Running {
     }
 }
 
-/// Serve `api` on `listener` and start the roles of `cfg.roles` beside it: the `api` role's
-/// refresher and limiter pruning, the `worker`'s consumer, the `jobs`. The HTTP listener runs
-/// whatever the roles (health, readiness, metrics and the admin operations are everyone's).
+/// Serve `api` on `listener` (public) and `admin` (operator routes, metrics, readiness) and
+/// start the roles of `cfg.roles` beside them: the `api` role's refresher and limiter pruning,
+/// the `worker`'s consumer, the `jobs`. Both listeners run whatever the roles (health,
+/// readiness, metrics and the admin operations are everyone's).
 pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     api: Shared<C, B, L, N>,
     listener: TcpListener,
+    admin: TcpListener,
     rng: &mut impl RngCore,
 ) -> Result<Running, String> {
     let addr = listener.local_addr().map_err(|e| format!("listen: {e}"))?;
-    let (stop, mut stopped) = watch::channel(false);
-    let app = router(api.clone()).into_make_service_with_connect_info::<SocketAddr>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let admin_addr = admin.local_addr().map_err(|e| format!("admin_listen: {e}"))?;
+    if api.roles.api {
+        // Load what is registered before the first request is taken, so a process that starts
+        // during a sale serves it at once (no "unknown activity" while the refresher starts).
+        let _ = api.core.refresh().await;
+    }
+    let (stop, _) = watch::channel(false);
+    let mut servers = Vec::new();
+    for (listener, app) in [
+        (listener, router(api.clone())),
+        (admin, admin_router(api.clone())),
+    ] {
+        servers.push(tokio::spawn(super::listener::serve(
+            listener,
+            app,
+            api.conn_limits,
+            stop.subscribe(),
+        )));
+    }
     let consumer_stop = Arc::new(AtomicBool::new(false));
     let mut background = Vec::new();
     // Every periodic task: `f` every `every` until the stop.
@@ -205,6 +251,16 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             }
         })
     };
+    {
+        let a = api.clone();
+        background.push(every(
+            READY_EVERY,
+            Box::new(move || {
+                let a = a.clone();
+                Box::pin(async move { super::probe_readiness(&a).await })
+            }),
+        ));
+    }
     if let Some(handle) = api.metrics.clone() {
         background.push(every(
             METRICS_UPKEEP_EVERY,
@@ -215,8 +271,6 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         ));
     }
     if api.roles.api {
-        // Load what is registered now, so a process that starts during a sale serves at once.
-        let _ = api.core.refresh().await;
         let a = api.clone();
         let mut stopped = stop.subscribe();
         background.push(tokio::spawn(async move {
@@ -265,8 +319,14 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             Box::new(move || {
                 let jobs = jobs.clone();
                 Box::pin(async move {
-                    if let Ok(lag) = jobs.bus.lag(ORDER_GROUP).await {
-                        metrics::gauge!("seckill_consumer_lag").set(lag as f64);
+                    match jobs.bus.lag(ORDER_GROUP).await {
+                        Ok(lag) => metrics::gauge!("seckill_consumer_lag").set(lag as f64),
+                        // The gauge goes stale while the bus is away: say so, and count it.
+                        Err(e) => {
+                            metrics::counter!("seckill_job_failures_total", "job" => "consumer_lag", "activity" => "all")
+                                .increment(1);
+                            tracing::warn!(job = "consumer_lag", error = %e, "job failed");
+                        }
                     }
                     let _ = jobs.pass().await;
                     let _ = jobs.rebalance().await;
@@ -274,10 +334,13 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             }),
         ));
     }
+    // The first verdict now (the task above refreshes it every second).
+    super::probe_readiness(&api).await;
     Ok(Running {
         addr,
+        admin_addr,
         stop,
-        server,
+        servers,
         background,
         consumer_stop,
     })

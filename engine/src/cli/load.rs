@@ -34,6 +34,11 @@ pub struct LoadConfig {
     pub clicks_per_user: u32,
     pub seed: u64,
     pub target: Target,
+    /// The HS256 secret the server checks user JWTs with: each click mints its user's JWT.
+    #[serde(skip)]
+    pub jwt_secret: String,
+    pub jwt_issuer: Option<String>,
+    pub jwt_audience: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -114,7 +119,8 @@ impl Conn {
     }
 
     /// Send one request; the status comes back, the body is left in `self.body`.
-    async fn request(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<u16> {
+    /// `bearer`: a user JWT for the `authorization` header (empty: none).
+    async fn request(&mut self, method: &str, path: &str, bearer: &str, body: &str) -> std::io::Result<u16> {
         use std::io::Write;
         if self.io.is_none() {
             let s = TcpStream::connect(self.addr).await?;
@@ -123,10 +129,13 @@ impl Conn {
             self.input.clear();
         }
         self.out.clear();
+        write!(self.out, "{method} {path} HTTP/1.1\r\nhost: {}\r\n", self.addr)?;
+        if !bearer.is_empty() {
+            write!(self.out, "authorization: Bearer {bearer}\r\n")?;
+        }
         write!(
             self.out,
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            self.addr,
+            "content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         )?;
         let result = Self::exchange(
@@ -254,7 +263,7 @@ pub async fn run(
     let buckets = if cfg.target == Target::Purchase {
         let mut c = Conn::new(cfg.addr);
         let status = c
-            .request("GET", &format!("/api/v1/activities/{}", cfg.activity), "")
+            .request("GET", &format!("/api/v1/activities/{}", cfg.activity), "", "")
             .await
             .map_err(|e| format!("--url: cannot reach {}: {e}", cfg.addr))?;
         let body = c.body;
@@ -313,23 +322,30 @@ pub async fn run(
                         Target::Healthz => {
                             sent.fetch_add(1, Ordering::Relaxed);
                             let t = tokio::time::Instant::now();
-                            let r = conn.request("GET", "/healthz", "").await;
+                            let r = conn.request("GET", "/healthz", "", "").await;
                             let _ = h.record(t.elapsed().as_micros().max(1) as u64);
                             r.map(Some)
                         }
                         Target::Purchase => {
                             sent.fetch_add(1, Ordering::Relaxed);
                             use std::fmt::Write;
-                            out_body.clear();
-                            let _ = write!(out_body, "{{\"user_id\":{user}}}");
-                            match conn.request("POST", &token_path, &out_body).await {
+                            // The user's JWT, as their login service would have issued it.
+                            let exp = crate::cli::tools::wall_now_ms() / 1_000 + 3_600;
+                            let jwt = crate::api::identity::mint(
+                                cfg.jwt_secret.as_bytes(),
+                                crate::domain::UserId(user),
+                                exp,
+                                cfg.jwt_issuer.as_deref(),
+                                cfg.jwt_audience.as_deref(),
+                            );
+                            match conn.request("POST", &token_path, &jwt, "").await {
                                 Ok(200) => {
                                     let token = token_of(&conn.body).unwrap_or_default();
                                     sent.fetch_add(1, Ordering::Relaxed);
                                     out_body.clear();
-                                    let _ = write!(out_body, "{{\"user_id\":{user},\"token\":\"{token}\"}}");
+                                    let _ = write!(out_body, "{{\"token\":\"{token}\"}}");
                                     let t = tokio::time::Instant::now();
-                                    let r = conn.request("POST", &purchase_path, &out_body).await;
+                                    let r = conn.request("POST", &purchase_path, &jwt, &out_body).await;
                                     let _ = h.record(t.elapsed().as_micros().max(1) as u64);
                                     r.map(Some)
                                 }
@@ -420,6 +436,9 @@ mod tests {
             clicks_per_user: 2,
             seed: 5,
             target: Target::Purchase,
+            jwt_secret: String::new(),
+            jwt_issuer: None,
+            jwt_audience: None,
         };
         let a = clicks(&cfg, 32);
         assert_eq!(a, clicks(&cfg, 32));

@@ -10,7 +10,7 @@ use crate::ports::{Ledger, OrderBus};
 use crate::service::audit;
 use seckill_invariants::{self as inv, Invariant};
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     // One thread: the embedded stores serialize on their locks anyway (as Redis does), and a
@@ -191,6 +191,7 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
 pub fn serve(
     config: Option<std::path::PathBuf>,
     listen: Option<std::net::SocketAddr>,
+    admin_listen: Option<std::net::SocketAddr>,
     roles: Option<crate::roles::Roles>,
 ) -> ExitCode {
     use crate::api::config::ServeConfig;
@@ -219,6 +220,9 @@ pub fn serve(
     if let Some(addr) = listen {
         cfg.listen = addr;
     }
+    if let Some(addr) = admin_listen {
+        cfg.admin_listen = addr;
+    }
     if let Some(roles) = roles {
         cfg.roles = roles;
     }
@@ -234,14 +238,44 @@ pub fn serve(
     };
     run_on(runtime, async move {
         let settings = RealSettings::from_env().map_err(|e| e.to_string())?;
-        if settings.is_some() && cfg.token_secret.is_none() {
-            return Err(
-                "token_secret (SECKILL_TOKEN_SECRET): required with real stores, so that every engine \
-                        verifies every token"
-                    .into(),
-            );
-        }
         let mut rng = rand::rngs::StdRng::from_entropy();
+        if settings.is_some() {
+            // Many processes share one sale: each must verify what another issued, and no
+            // process may invent its own keys.
+            for (missing, what) in [
+                (cfg.token_secret.is_none(), "token_secret (SECKILL_TOKEN_SECRET)"),
+                (cfg.admin_token.is_none(), "admin_token (SECKILL_ADMIN_TOKEN)"),
+                (
+                    cfg.jwt.is_none(),
+                    "jwt_secret or jwt_jwks_file (SECKILL_JWT_SECRET / SECKILL_JWT_JWKS_FILE)",
+                ),
+            ] {
+                if missing {
+                    return Err(format!("{what}: required with real stores"));
+                }
+            }
+            let delivery = settings
+                .as_ref()
+                .map_or(Duration::ZERO, |s| s.kafka.message_timeout);
+            if cfg.request_timeout <= delivery {
+                return Err(format!(
+                    "request_timeout_ms: {} ms is not longer than the order bus's delivery timeout ({} ms): \
+                     a slow bus would answer \"outcome unknown\" instead of \"queued\"",
+                    cfg.request_timeout.as_millis(),
+                    delivery.as_millis()
+                ));
+            }
+        } else if cfg.jwt.is_none() {
+            let path = crate::api::identity::dev_secret_path();
+            let secret = crate::api::identity::dev_secret(&mut rng)
+                .map_err(|e| format!("the development JWT key {}: {e}", path.display()))?;
+            eprintln!(
+                "no jwt_secret: user JWTs are checked with the development key in {} \
+                 (mint one with `seckill jwt --user N`; never in production)",
+                path.display()
+            );
+            cfg.jwt = Some(crate::api::config::JwtKeys::Secret(secret));
+        }
         let secrets = Secrets::resolve(&cfg, &mut rng);
         if cfg.admin_token.is_none() {
             eprintln!("admin token for this process: {}", secrets.admin_token);
@@ -249,6 +283,9 @@ pub fn serve(
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|e| format!("listen {}: {e}", cfg.listen))?;
+        let admin = tokio::net::TcpListener::bind(cfg.admin_listen)
+            .await
+            .map_err(|e| format!("admin_listen {}: {e}", cfg.admin_listen))?;
         let clock = Clock::new(wall_now_ms(), tokio::time::Instant::now());
         let shutdown = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -264,8 +301,8 @@ pub fn serve(
                 tracing::warn!("no store settings: serving on the embedded stores (in memory, not durable)");
                 let stores = Stores::embedded();
                 let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
-                let running = serve::start(api, listener, &mut rng).await?;
-                tracing::info!(addr = %running.addr, "listening");
+                let running = serve::start(api, listener, admin, &mut rng).await?;
+                tracing::info!(addr = %running.addr, admin = %running.admin_addr, "listening");
                 shutdown.await?;
                 running.shutdown().await.map_err(|e| e.to_string())?;
             }
@@ -281,8 +318,8 @@ pub fn serve(
                 };
                 let pool = stores.ledger.pool().clone();
                 let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
-                let running = serve::start(api, listener, &mut rng).await?;
-                tracing::info!(addr = %running.addr, roles = %cfg.roles, "listening on the real stores");
+                let running = serve::start(api, listener, admin, &mut rng).await?;
+                tracing::info!(addr = %running.addr, admin = %running.admin_addr, roles = %cfg.roles, "listening on the real stores");
                 let gauges = tokio::spawn(async move {
                     loop {
                         metrics::gauge!("seckill_ledger_pool_connections").set(pool.size() as f64);

@@ -12,7 +12,7 @@ use seckill_engine::adapters::script::ScriptedStockCache;
 use seckill_engine::api::config::ServeConfig;
 use seckill_engine::api::nonce::EmbeddedNonces;
 use seckill_engine::api::serve::{self, Secrets, Stores};
-use seckill_engine::api::{router, Shared, ROUTES};
+use seckill_engine::api::{admin_router, router, Shared, ADMIN_ROUTES, ROUTES};
 use seckill_engine::clock::Clock;
 use seckill_engine::domain::{ActivityId, StockPlan, UserId};
 use seckill_engine::ports::{Ledger, OrderBus, StockCache};
@@ -26,9 +26,13 @@ use tower::ServiceExt;
 type TestApi = Shared<ScriptedStockCache<TestRedis>, EmbeddedBus, EmbeddedLedger, EmbeddedNonces>;
 
 const ADMIN: &str = "admin-token-0123456789";
+const JWT_SECRET: &str = "jwt-secret-of-the-login-service-0123";
 
 struct Harness {
+    /// The public listener's router.
     app: Router,
+    /// The admin listener's router.
+    admin: Router,
     api: TestApi,
     redis: TestRedis,
     bus: EmbeddedBus,
@@ -44,6 +48,8 @@ fn harness_with(tweak: impl FnOnce(&mut ServeConfig)) -> Harness {
     let mut cfg = ServeConfig {
         admin_token: Some(ADMIN.into()),
         token_secret: Some("s".repeat(32)),
+        jwt: Some(seckill_engine::api::config::JwtKeys::Secret(JWT_SECRET.into())),
+        payment_secret: Some(PAYMENT_SECRET.into()),
         ..ServeConfig::default()
     };
     // The tests click fast as one user; the rate-limit tests set their own limits.
@@ -64,6 +70,7 @@ fn harness_with(tweak: impl FnOnce(&mut ServeConfig)) -> Harness {
     let api = serve::api(&cfg, stores, &secrets, clock, &mut rng).unwrap();
     Harness {
         app: router(api.clone()),
+        admin: admin_router(api.clone()),
         api,
         redis,
         bus,
@@ -99,8 +106,31 @@ async fn call(
 }
 
 const AUTH: (&str, &str) = ("authorization", "Bearer admin-token-0123456789");
+const PAYMENT_SECRET: &str = "payment-provider-secret";
+
+/// A request to the listener that serves `uri` (admin routes, metrics and readiness on the admin
+/// one; `the_listeners_serve_their_own_routes_only` checks that neither serves the other's).
+async fn at(
+    h: &Harness,
+    method: &str,
+    uri: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value, HeaderMap) {
+    let admin = uri.starts_with("/api/v1/admin") || uri == "/metrics" || uri == "/readyz";
+    call(if admin { &h.admin } else { &h.app }, method, uri, body, headers).await
+}
 
 impl Harness {
+    /// `Bearer <JWT>` of `user`, as the login service would issue it.
+    fn jwt(&self, user: u64) -> String {
+        let exp = self.now_ms / 1_000 + 3_600;
+        format!(
+            "Bearer {}",
+            seckill_engine::api::identity::mint(JWT_SECRET.as_bytes(), UserId(user), exp, None, None)
+        )
+    }
+
     /// Create an activity through the admin route; `start`/`end` relative to now.
     async fn activity(&self, id: u64, stock: u64, buckets: u32, start: i64, end: i64) {
         let spec = json!({
@@ -109,7 +139,7 @@ impl Harness {
             "pay_timeout_ms": 60_000,
         });
         let (status, body, _) = call(
-            &self.app,
+            &self.admin,
             "POST",
             "/api/v1/admin/activities",
             Some(&spec.to_string()),
@@ -128,8 +158,8 @@ impl Harness {
             &self.app,
             "POST",
             &format!("/api/v1/activities/{a}/token"),
-            Some(&json!({ "user_id": user }).to_string()),
-            &[],
+            None,
+            &[("authorization", &self.jwt(user))],
         )
         .await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -138,17 +168,18 @@ impl Harness {
 
     async fn buy(&self, a: u64, user: u64) -> (StatusCode, Value, HeaderMap) {
         let token = self.token(a, user).await;
-        self.buy_with(a, &json!({ "user_id": user, "token": token }).to_string())
+        self.buy_with(a, user, &json!({ "token": token }).to_string())
             .await
     }
 
-    async fn buy_with(&self, a: u64, body: &str) -> (StatusCode, Value, HeaderMap) {
+    /// A purchase with `body`, as `user`.
+    async fn buy_with(&self, a: u64, user: u64, body: &str) -> (StatusCode, Value, HeaderMap) {
         call(
             &self.app,
             "POST",
             &format!("/api/v1/activities/{a}/purchase"),
             Some(body),
-            &[],
+            &[("authorization", &self.jwt(user))],
         )
         .await
     }
@@ -196,12 +227,12 @@ async fn purchase_answers_every_outcome() {
     let (s, body, _) = h.buy(1, 11).await;
     assert_eq!((s, code(&body)), (StatusCode::GONE, "sold_out"));
     let before = h.redis.calls.load(Ordering::SeqCst);
-    let (s, body, _) = call(
-        &h.app,
+    let (s, body, _) = at(
+        &h,
         "POST",
         "/api/v1/activities/1/token",
-        Some(r#"{"user_id": 11}"#),
-        &[],
+        None,
+        &[("authorization", &h.jwt(11))],
     )
     .await;
     assert_eq!(
@@ -210,9 +241,7 @@ async fn purchase_answers_every_outcome() {
         "no token for a sold-out bucket"
     );
     let (issued, _) = h.api.signer.issue(ActivityId(1), UserId(11), h.now_ms, 77);
-    let (s, body, _) = h
-        .buy_with(1, &json!({ "user_id": 11, "token": issued }).to_string())
-        .await;
+    let (s, body, _) = h.buy_with(1, 11, &json!({ "token": issued }).to_string()).await;
     assert_eq!((s, code(&body)), (StatusCode::GONE, "sold_out"));
     assert_eq!(
         h.redis.calls.load(Ordering::SeqCst),
@@ -221,12 +250,12 @@ async fn purchase_answers_every_outcome() {
     );
 
     h.activity(2, 10, 2, 3_600_000, 7_200_000).await;
-    let (s, body, _) = call(
-        &h.app,
+    let (s, body, _) = at(
+        &h,
         "POST",
         "/api/v1/activities/2/token",
-        Some(r#"{"user_id": 1}"#),
-        &[],
+        None,
+        &[("authorization", &h.jwt(1))],
     )
     .await;
     assert_eq!(
@@ -235,31 +264,29 @@ async fn purchase_answers_every_outcome() {
         "no token before the start"
     );
     let (early, _) = h.api.signer.issue(ActivityId(2), UserId(1), h.now_ms, 99);
-    let (s, body, _) = h
-        .buy_with(2, &json!({ "user_id": 1, "token": early }).to_string())
-        .await;
+    let (s, body, _) = h.buy_with(2, 1, &json!({ "token": early }).to_string()).await;
     assert_eq!((s, code(&body)), (StatusCode::TOO_EARLY, "not_started"));
 
     h.activity(3, 10, 2, -7_200_000, -3_600_000).await;
-    let (s, body, _) = call(
-        &h.app,
+    let (s, body, _) = at(
+        &h,
         "POST",
         "/api/v1/activities/3/token",
-        Some(r#"{"user_id": 1}"#),
-        &[],
+        None,
+        &[("authorization", &h.jwt(1))],
     )
     .await;
     assert_eq!((s, code(&body)), (StatusCode::GONE, "ended"));
 
     h.open(4, 10).await;
-    let (s, _, _) = call(&h.app, "POST", "/api/v1/admin/activities/4/pause", None, &[AUTH]).await;
+    let (s, _, _) = at(&h, "POST", "/api/v1/admin/activities/4/pause", None, &[AUTH]).await;
     assert_eq!(s, StatusCode::OK);
-    let (s, body, _) = call(
-        &h.app,
+    let (s, body, _) = at(
+        &h,
         "POST",
         "/api/v1/activities/4/token",
-        Some(r#"{"user_id": 1}"#),
-        &[],
+        None,
+        &[("authorization", &h.jwt(1))],
     )
     .await;
     assert_eq!(
@@ -267,12 +294,10 @@ async fn purchase_answers_every_outcome() {
         (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         "{body}"
     );
-    call(&h.app, "POST", "/api/v1/admin/activities/4/resume", None, &[AUTH]).await;
+    at(&h, "POST", "/api/v1/admin/activities/4/resume", None, &[AUTH]).await;
     let token = h.token(4, 1).await;
     h.redis.knob.set(Mode::FailDeterminate);
-    let (s, body, _) = h
-        .buy_with(4, &json!({ "user_id": 1, "token": token }).to_string())
-        .await;
+    let (s, body, _) = h.buy_with(4, 1, &json!({ "token": token }).to_string()).await;
     h.redis.knob.set(Mode::Pass);
     assert_eq!((s, code(&body)), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
     assert!(
@@ -285,81 +310,181 @@ async fn purchase_answers_every_outcome() {
 async fn rate_limits_answer_429_with_retry_after() {
     let h = harness_with(|c| c.rate.per_user_per_sec = 2);
     h.open(1, 100).await;
-    let ask = || {
-        call(
-            &h.app,
-            "POST",
-            "/api/v1/activities/1/token",
-            Some(r#"{"user_id": 5}"#),
-            &[],
-        )
-    };
-    assert_eq!(ask().await.0, StatusCode::OK);
-    assert_eq!(ask().await.0, StatusCode::OK);
-    let (s, body, headers) = ask().await;
-    assert_eq!((s, code(&body)), (StatusCode::TOO_MANY_REQUESTS, "rate_limited"));
-    assert_eq!(headers.get("retry-after").unwrap(), "1");
-    let (s, _, _) = call(
-        &h.app,
-        "POST",
-        "/api/v1/activities/1/token",
-        Some(r#"{"user_id": 6}"#),
-        &[],
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK, "another user has a quota of its own");
-}
-
-#[tokio::test]
-async fn the_per_ip_limit_reads_the_trusted_proxy_header() {
-    let h = harness_with(|c| {
-        c.rate.per_ip_per_sec = 1;
-        c.trusted_proxy_header = Some("x-forwarded-for".into());
-    });
-    h.open(1, 100).await;
-    let ask = |user: u64, ip: &'static str| {
-        let body = json!({ "user_id": user }).to_string();
-        let app = h.app.clone();
+    let ask = |user: u64| {
+        let me = h.jwt(user);
+        let h = &h;
         async move {
-            call(
-                &app,
+            at(
+                h,
                 "POST",
                 "/api/v1/activities/1/token",
-                Some(&body),
-                &[("x-forwarded-for", ip)],
+                None,
+                &[("authorization", &me)],
             )
             .await
         }
     };
-    assert_eq!(ask(1, "10.0.0.1, 10.9.9.9").await.0, StatusCode::OK);
-    assert_eq!(ask(2, "10.0.0.1").await.0, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(ask(3, "10.0.0.2").await.0, StatusCode::OK);
-    let (s, body, _) = ask(4, "not-an-ip").await;
+    assert_eq!(ask(5).await.0, StatusCode::OK);
+    assert_eq!(ask(5).await.0, StatusCode::OK);
+    let (s, body, headers) = ask(5).await;
+    assert_eq!((s, code(&body)), (StatusCode::TOO_MANY_REQUESTS, "rate_limited"));
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
+    assert_eq!(
+        ask(6).await.0,
+        StatusCode::OK,
+        "another user has a quota of its own"
+    );
+    // Nobody can spend user 6's quota without being user 6: refused before the per-user limit.
+    for _ in 0..5 {
+        let (s, _, _) = at(&h, "POST", "/api/v1/activities/1/token", None, &[]).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(
+        ask(6).await.0,
+        StatusCode::OK,
+        "anonymous requests did not lock user 6 out"
+    );
+}
+
+/// A request from the socket address `peer` (what `ConnectInfo` gives a served request).
+async fn from_peer(h: &Harness, peer: &str, uri: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+    let mut req = Request::builder().method("POST").uri(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut req = req.body(Body::empty()).unwrap();
+    let addr: std::net::SocketAddr = peer.parse().unwrap();
+    req.extensions_mut().insert(axum::extract::ConnectInfo(addr));
+    let resp = h.app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn the_per_ip_limit_believes_only_trusted_proxies() {
+    let h = harness_with(|c| {
+        c.rate.per_ip_per_sec = 1;
+        c.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+        c.trusted_proxy_header = Some("x-forwarded-for".into());
+    });
+    h.open(1, 100).await;
+    let token = "/api/v1/activities/1/token";
+    let ask = |user: u64, peer: &'static str, xff: &'static str| {
+        let me = h.jwt(user);
+        let h = &h;
+        async move {
+            let mut headers = vec![("authorization", me.as_str())];
+            if !xff.is_empty() {
+                headers.push(("x-forwarded-for", xff));
+            }
+            from_peer(h, peer, token, &headers).await.0
+        }
+    };
+    // Through our proxy (10.1.1.1): the client is the rightmost address that is not a proxy of
+    // ours; what the client wrote further left proves nothing.
+    assert_eq!(ask(1, "10.1.1.1:5000", "203.0.113.7").await, StatusCode::OK);
+    assert_eq!(
+        ask(2, "10.1.1.1:5000", "198.51.100.1, 203.0.113.7").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a spoofed left entry changes nothing"
+    );
+    assert_eq!(
+        ask(3, "10.1.1.1:5000", "203.0.113.8, 10.2.2.2").await,
+        StatusCode::OK,
+        "a chain of our proxies is skipped"
+    );
+    // From a peer we do not trust, the header is ignored: the socket is the client.
+    assert_eq!(ask(4, "192.0.2.5:5000", "203.0.113.99").await, StatusCode::OK);
+    assert_eq!(
+        ask(5, "192.0.2.5:5000", "203.0.113.100").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "X-Forwarded-For from an untrusted peer does not escape the limit"
+    );
+    // IPv6 clients are limited per /64.
+    assert_eq!(ask(6, "[2001:db8:1:2::1]:5000", "").await, StatusCode::OK);
+    assert_eq!(
+        ask(7, "[2001:db8:1:2::ffff]:5000", "").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (s, body) = from_peer(&h, "10.1.1.1:5000", token, &[("x-forwarded-for", "not-an-ip")]).await;
     assert_eq!(
         (s, body["error"]["field"].as_str()),
         (StatusCode::BAD_REQUEST, Some("x-forwarded-for"))
     );
 }
 
+/// A payment callback signed with `secret` at `t` (unix seconds).
+async fn callback(h: &Harness, body: &str, secret: &str, t: u64) -> (StatusCode, Value, HeaderMap) {
+    let sig = seckill_engine::api::payment::CallbackVerifier::new(secret.as_bytes()).sign(t, body.as_bytes());
+    at(
+        h,
+        "POST",
+        "/api/v1/payments/callback",
+        Some(body),
+        &[("x-seckill-signature", &sig)],
+    )
+    .await
+}
+
 #[tokio::test]
-async fn status_pay_and_cancel() {
+async fn status_payment_callback_and_cancel_belong_to_their_owner() {
     let h = harness();
     h.open(1, 10).await;
-    let (_, none, _) = call(&h.app, "GET", "/api/v1/activities/1/orders/7", None, &[]).await;
+    let (seven, eight) = (h.jwt(7), h.jwt(8));
+    let as7 = [("authorization", seven.as_str())];
+    let as8 = [("authorization", eight.as_str())];
+    let (_, none, _) = at(&h, "GET", "/api/v1/activities/1/orders/7", None, &as7).await;
     assert_eq!(none["state"], "none");
     let (_, q, _) = h.buy(1, 7).await;
     let rid = q["reservation_id"].as_str().unwrap().to_string();
-    let (_, queued, _) = call(&h.app, "GET", "/api/v1/activities/1/orders/7", None, &[]).await;
+    let (_, queued, _) = at(&h, "GET", "/api/v1/activities/1/orders/7", None, &as7).await;
     assert_eq!(queued["state"], "queued");
     h.drain().await;
-    let (_, created, _) = call(&h.app, "GET", "/api/v1/activities/1/orders/7", None, &[]).await;
+    let (_, created, _) = at(&h, "GET", "/api/v1/activities/1/orders/7", None, &as7).await;
     assert_eq!(
         (created["state"].as_str(), created["reservation_id"].as_str()),
         (Some("created"), Some(rid.as_str()))
     );
-    let (s, body, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/pay"), None, &[]).await;
-    assert_eq!((s, body["status"].as_str()), (StatusCode::OK, Some("paid")));
-    let (s, body, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &[]).await;
+    // Another user sees nothing of user 7's order and cannot cancel it; the answers are those
+    // of an order that does not exist.
+    let (s, body, _) = at(&h, "GET", "/api/v1/activities/1/orders/7", None, &as8).await;
+    assert_eq!((s, code(&body)), (StatusCode::NOT_FOUND, "unknown_order"));
+    let (s, body, _) = at(&h, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &as8).await;
+    assert_eq!((s, code(&body)), (StatusCode::NOT_FOUND, "unknown_order"));
+    let (s, _, headers) = at(&h, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &[]).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers.get("www-authenticate").unwrap(), "Bearer");
+    let (s, _, _) = at(&h, "POST", &format!("/api/v1/orders/{rid}/pay"), None, &as7).await;
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "the buyer cannot mark their own order paid"
+    );
+
+    // Paid only by the provider's signed callback; the same payment again is the same answer.
+    let now_s = h.now_ms / 1_000;
+    let paid = json!({ "payment_id": "pay-1", "reservation_id": rid }).to_string();
+    let (s, body, _) = callback(&h, &paid, "forged-secret-000000", now_s).await;
+    assert_eq!((s, code(&body)), (StatusCode::UNAUTHORIZED, "bad_signature"));
+    let (s, body, _) = callback(&h, &paid, PAYMENT_SECRET, now_s - 301).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::UNAUTHORIZED, "bad_signature"),
+        "replayed after the window"
+    );
+    for _ in 0..2 {
+        let (s, body, _) = callback(&h, &paid, PAYMENT_SECRET, now_s).await;
+        assert_eq!(
+            (s, body["status"].as_str()),
+            (StatusCode::OK, Some("paid")),
+            "{body}"
+        );
+    }
+    let other = json!({ "payment_id": "pay-2", "reservation_id": rid }).to_string();
+    let (s, body, _) = callback(&h, &other, PAYMENT_SECRET, now_s).await;
+    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "already_paid"));
+    let (s, body, _) = at(&h, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &as7).await;
     assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "not_cancellable"));
 
     let (_, q, _) = h.buy(1, 8).await;
@@ -369,39 +494,73 @@ async fn status_pay_and_cancel() {
     let cache = ScriptedStockCache::new(h.redis.clone());
     let stock = |v: seckill_engine::ports::CacheView| v.buckets.iter().filter_map(|b| b.stock).sum::<i64>();
     let before = stock(cache.snapshot(&plan).await.unwrap());
-    let (s, body, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &[]).await;
+    let (s, body, _) = at(&h, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &as8).await;
     assert_eq!((s, body["status"].as_str()), (StatusCode::OK, Some("cancelled")));
     assert_eq!(
         stock(cache.snapshot(&plan).await.unwrap()),
         before + 1,
         "the unit is back in Redis"
     );
-    let (s, _, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &[]).await;
+    let (s, _, _) = at(&h, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &as8).await;
     assert_eq!(s, StatusCode::OK, "cancel is idempotent");
-    let (s, body, _) = call(&h.app, "POST", &format!("/api/v1/orders/{rid}/pay"), None, &[]).await;
-    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "not_payable"));
-    assert!(body["error"]["message"].as_str().unwrap().contains("cancelled"));
-    let (s, body, _) = call(
-        &h.app,
-        "POST",
-        &format!("/api/v1/orders/{}/pay", "0".repeat(32)),
-        None,
-        &[],
-    )
-    .await;
+    let late = json!({ "payment_id": "pay-3", "reservation_id": rid }).to_string();
+    let (s, body, _) = callback(&h, &late, PAYMENT_SECRET, now_s).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "order_cancelled"),
+        "a payment after the cancel is refunded"
+    );
+    let unknown = json!({ "payment_id": "pay-4", "reservation_id": "0".repeat(32) }).to_string();
+    let (s, body, _) = callback(&h, &unknown, PAYMENT_SECRET, now_s).await;
     assert_eq!((s, code(&body)), (StatusCode::NOT_FOUND, "unknown_order"));
 
-    let (s, body, _) = call(&h.app, "GET", "/api/v1/admin/activities/1/audit", None, &[AUTH]).await;
+    // The operator sees and cancels any order, on the admin listener only.
+    let (s, body, _) = at(&h, "GET", "/api/v1/admin/activities/1/orders/8", None, &[AUTH]).await;
+    assert_eq!(
+        (s, body["state"].as_str()),
+        (StatusCode::OK, Some("cancelled")),
+        "{body}"
+    );
+    let (s, body, _) = at(&h, "GET", "/api/v1/admin/activities/1/audit", None, &[AUTH]).await;
     assert_eq!(
         (s, body["verdict"].as_str()),
         (StatusCode::OK, Some("ok")),
         "{body}"
     );
-    let (_, view, _) = call(&h.app, "GET", "/api/v1/activities/1", None, &[]).await;
+    let (_, view, _) = at(&h, "GET", "/api/v1/activities/1", None, &[]).await;
     assert_eq!(
         (view["state"].as_str(), view["total_stock"].as_u64()),
         (Some("open"), Some(10))
     );
+}
+
+#[tokio::test]
+async fn the_listeners_serve_their_own_routes_only() {
+    let h = harness();
+    for (method, path) in ADMIN_ROUTES.iter().filter(|r| r.1 != "/healthz") {
+        let uri = path
+            .replace("{id}", "1")
+            .replace("{user}", "1")
+            .replace("{reservation}", &"0".repeat(32));
+        let (s, body, _) = call(&h.app, &method.to_uppercase(), &uri, None, &[AUTH]).await;
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::NOT_FOUND, "no_route"),
+            "{method} {path} on the public listener"
+        );
+    }
+    for (method, path) in ROUTES.iter().filter(|r| r.1 != "/healthz") {
+        let uri = path
+            .replace("{id}", "1")
+            .replace("{user}", "1")
+            .replace("{reservation}", &"0".repeat(32));
+        let (s, body, _) = call(&h.admin, &method.to_uppercase(), &uri, None, &[]).await;
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::NOT_FOUND, "no_route"),
+            "{method} {path} on the admin listener"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -410,16 +569,123 @@ async fn expired_and_replayed_tokens_are_refused() {
     h.open(1, 10).await;
     let token = h.token(1, 3).await;
     tokio::time::advance(std::time::Duration::from_millis(1_500)).await;
-    let (s, body, _) = h
-        .buy_with(1, &json!({ "user_id": 3, "token": token }).to_string())
-        .await;
+    let (s, body, _) = h.buy_with(1, 3, &json!({ "token": token }).to_string()).await;
     assert_eq!((s, code(&body)), (StatusCode::FORBIDDEN, "token_expired"));
 
     let token = h.token(1, 4).await;
-    let body = json!({ "user_id": 4, "token": token }).to_string();
-    assert_eq!(h.buy_with(1, &body).await.0, StatusCode::ACCEPTED);
-    let (s, resp, _) = h.buy_with(1, &body).await;
+    let body = json!({ "token": token }).to_string();
+    assert_eq!(h.buy_with(1, 4, &body).await.0, StatusCode::ACCEPTED);
+    let (s, resp, _) = h.buy_with(1, 4, &body).await;
     assert_eq!((s, code(&resp)), (StatusCode::CONFLICT, "token_used"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn identities_that_are_missing_expired_forged_or_someone_else_are_refused() {
+    let h = harness();
+    h.open(1, 10).await;
+    let before = h.stock_state(1).await;
+    let token = h.token(1, 5).await;
+    let exp = h.now_ms / 1_000 + 60;
+    let forged = format!(
+        "Bearer {}",
+        seckill_engine::api::identity::mint(b"not-the-login-service-secret-000", UserId(5), exp, None, None)
+    );
+    let expired = format!(
+        "Bearer {}",
+        seckill_engine::api::identity::mint(
+            JWT_SECRET.as_bytes(),
+            UserId(5),
+            h.now_ms / 1_000 - 120,
+            None,
+            None
+        )
+    );
+    let buy = json!({ "token": token }).to_string();
+    let mint_for_8 = json!({ "user_id": 8 }).to_string();
+    // (what, path, body, headers, status, code)
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        String,
+        Vec<(&'a str, String)>,
+        StatusCode,
+        &'a str,
+    );
+    let cases: [Case; 6] = [
+        (
+            "no identity",
+            "/api/v1/activities/1/purchase",
+            buy.clone(),
+            vec![],
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+        ),
+        (
+            "forged JWT",
+            "/api/v1/activities/1/purchase",
+            buy.clone(),
+            vec![("authorization", forged)],
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+        ),
+        (
+            "expired JWT",
+            "/api/v1/activities/1/purchase",
+            buy.clone(),
+            vec![("authorization", expired)],
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+        ),
+        (
+            "not a bearer",
+            "/api/v1/activities/1/purchase",
+            buy.clone(),
+            vec![("authorization", "Basic dTpw".into())],
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+        ),
+        (
+            "user 5's token as user 6",
+            "/api/v1/activities/1/purchase",
+            buy.clone(),
+            vec![("authorization", h.jwt(6))],
+            StatusCode::FORBIDDEN,
+            "token_invalid",
+        ),
+        (
+            "a token for user 8 minted by user 5",
+            "/api/v1/activities/1/token",
+            mint_for_8,
+            vec![("authorization", h.jwt(5))],
+            StatusCode::FORBIDDEN,
+            "identity_mismatch",
+        ),
+    ];
+    for (name, uri, body, headers, status, want) in cases {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (s, resp, hs) = at(&h, "POST", uri, Some(&body), &headers).await;
+        assert_eq!((s, code(&resp)), (status, want), "{name}: {resp}");
+        if status == StatusCode::UNAUTHORIZED {
+            assert!(
+                hs.get("www-authenticate")
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with("Bearer"),
+                "{name}"
+            );
+        }
+    }
+    assert_eq!(
+        h.stock_state(1).await,
+        before,
+        "no refused identity moved any stock"
+    );
+    assert_eq!(
+        h.buy_with(1, 5, &buy).await.0,
+        StatusCode::ACCEPTED,
+        "the owner's token still works"
+    );
 }
 
 #[tokio::test]
@@ -432,25 +698,27 @@ async fn bad_inputs_get_their_status_and_code_and_move_no_stock() {
     let for_other_activity = h.token(2, 5).await;
     // One signature character changed (not the last: its low bits may be padding).
     let mut tampered = good.clone();
-    let at = tampered.len() - 10;
-    let c = if &tampered[at..at + 1] == "A" { "B" } else { "A" };
-    tampered.replace_range(at..at + 1, c);
+    let i = tampered.len() - 10;
+    let c = if &tampered[i..i + 1] == "A" { "B" } else { "A" };
+    tampered.replace_range(i..i + 1, c);
     let huge = format!(r#"{{"user_id": 5, "token": "{}"}}"#, "x".repeat(400));
     let before = h.stock_state(1).await;
+    let five = h.jwt(5);
+    let as5 = ("authorization", five.as_str());
 
     let purchase = |b: &str| {
         (
             "POST",
             "/api/v1/activities/1/purchase".to_string(),
             b.to_string(),
-            vec![],
+            vec![as5],
         )
     };
     let with_token = |t: &str| json!({ "user_id": 5, "token": t }).to_string();
     let cases: Vec<(&str, Req, StatusCode, &str, &str)> = vec![
         ("malformed JSON", purchase("{"), StatusCode::BAD_REQUEST, "invalid_input", "body"),
         ("not an object", purchase("[]"), StatusCode::BAD_REQUEST, "invalid_input", "body"),
-        ("missing user_id", purchase(r#"{"token": "t"}"#), StatusCode::BAD_REQUEST, "invalid_input", "user_id"),
+        ("user_id of another user", purchase(&format!(r#"{{"user_id": 6, "token": "{good}"}}"#)), StatusCode::FORBIDDEN, "identity_mismatch", "user_id"),
         ("missing token", purchase(r#"{"user_id": 5}"#), StatusCode::BAD_REQUEST, "invalid_input", "token"),
         ("extra field", purchase(&format!(r#"{{"user_id": 5, "token": "{good}", "price": 0}}"#)), StatusCode::BAD_REQUEST, "invalid_input", "price"),
         ("user_id a string", purchase(r#"{"user_id": "5", "token": "t"}"#), StatusCode::BAD_REQUEST, "invalid_input", "user_id"),
@@ -464,11 +732,12 @@ async fn bad_inputs_get_their_status_and_code_and_move_no_stock() {
         ("token of another activity", purchase(&with_token(&for_other_activity)), StatusCode::FORBIDDEN, "token_invalid", "token"),
         ("tampered signature", purchase(&with_token(&tampered)), StatusCode::FORBIDDEN, "token_invalid", "token"),
         ("oversized body", purchase(&huge), StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "body"),
-        ("unknown activity", ("POST", "/api/v1/activities/99/purchase".into(), with_token(&good), vec![]), StatusCode::NOT_FOUND, "unknown_activity", "id"),
-        ("activity id not a number", ("POST", "/api/v1/activities/abc/purchase".into(), with_token(&good), vec![]), StatusCode::BAD_REQUEST, "invalid_input", "id"),
-        ("activity id zero", ("POST", "/api/v1/activities/0/token".into(), r#"{"user_id": 5}"#.into(), vec![]), StatusCode::BAD_REQUEST, "invalid_input", "id"),
-        ("user path not a number", ("GET", "/api/v1/activities/1/orders/-3".into(), String::new(), vec![]), StatusCode::BAD_REQUEST, "invalid_input", "user"),
-        ("reservation not hex", ("POST", "/api/v1/orders/xyz/pay".into(), String::new(), vec![]), StatusCode::BAD_REQUEST, "invalid_input", "reservation"),
+        ("unknown activity", ("POST", "/api/v1/activities/99/purchase".into(), with_token(&good), vec![as5]), StatusCode::NOT_FOUND, "unknown_activity", "id"),
+        ("activity id not a number", ("POST", "/api/v1/activities/abc/purchase".into(), with_token(&good), vec![as5]), StatusCode::BAD_REQUEST, "invalid_input", "id"),
+        ("activity id zero", ("POST", "/api/v1/activities/0/token".into(), r#"{"user_id": 5}"#.into(), vec![as5]), StatusCode::BAD_REQUEST, "invalid_input", "id"),
+        ("user path not a number", ("GET", "/api/v1/activities/1/orders/-3".into(), String::new(), vec![as5]), StatusCode::BAD_REQUEST, "invalid_input", "user"),
+        ("reservation not hex", ("POST", "/api/v1/orders/xyz/cancel".into(), String::new(), vec![as5]), StatusCode::BAD_REQUEST, "invalid_input", "reservation"),
+        ("callback unsigned", ("POST", "/api/v1/payments/callback".into(), r#"{"payment_id":"p","reservation_id":"0a"}"#.into(), vec![]), StatusCode::UNAUTHORIZED, "bad_signature", "x-seckill-signature"),
         ("admin without token", ("POST", "/api/v1/admin/activities/1/close".into(), String::new(), vec![]), StatusCode::UNAUTHORIZED, "unauthorized", "authorization"),
         ("admin with a wrong token", ("POST", "/api/v1/admin/activities/1/close".into(), String::new(), vec![("authorization", "Bearer nope")]), StatusCode::FORBIDDEN, "forbidden", "authorization"),
         ("admin: invalid activity", ("POST", "/api/v1/admin/activities".into(), r#"{"id": 1, "total_stock": 10, "buckets": 0, "fallback_pct": 0, "start_ms": 0, "end_ms": 1, "pay_timeout_ms": 1}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "buckets"),
@@ -477,7 +746,7 @@ async fn bad_inputs_get_their_status_and_code_and_move_no_stock() {
     ];
     for (name, (method, uri, body, headers), status, want_code, field) in cases {
         let body = (!body.is_empty()).then_some(body.as_str());
-        let (s, resp, _) = call(&h.app, method, &uri, body, &headers).await;
+        let (s, resp, _) = at(&h, method, &uri, body, &headers).await;
         assert_eq!((s, code(&resp)), (status, want_code), "{name}: {resp}");
         assert_eq!(resp["error"]["field"].as_str(), Some(field), "{name}: {resp}");
         assert!(
@@ -485,22 +754,22 @@ async fn bad_inputs_get_their_status_and_code_and_move_no_stock() {
             "{name}: {resp}"
         );
     }
-    let (s, resp, _) = call(&h.app, "DELETE", "/api/v1/activities/1/purchase", None, &[]).await;
+    let (s, resp, _) = at(&h, "DELETE", "/api/v1/activities/1/purchase", None, &[]).await;
     assert_eq!(
         (s, code(&resp)),
         (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
     );
-    let (s, resp, _) = call(&h.app, "GET", "/nope", None, &[]).await;
+    let (s, resp, _) = at(&h, "GET", "/nope", None, &[]).await;
     assert_eq!((s, code(&resp)), (StatusCode::NOT_FOUND, "no_route"));
     assert_eq!(h.stock_state(1).await, before, "no bad input moved any stock");
     // ... and the good token still works afterwards (none of the above used its nonce).
-    assert_eq!(h.buy_with(1, &with_token(&good)).await.0, StatusCode::ACCEPTED);
+    assert_eq!(h.buy_with(1, 5, &with_token(&good)).await.0, StatusCode::ACCEPTED);
 }
 
 #[tokio::test]
 async fn the_openapi_document_describes_exactly_the_routes() {
     let h = harness();
-    let (s, doc, _) = call(&h.app, "GET", "/api/v1/openapi.json", None, &[]).await;
+    let (s, doc, _) = at(&h, "GET", "/api/v1/openapi.json", None, &[]).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(doc["openapi"], "3.0.3");
     let mut documented = BTreeSet::new();
@@ -515,6 +784,7 @@ async fn the_openapi_document_describes_exactly_the_routes() {
     }
     let routed: BTreeSet<(String, String)> = ROUTES
         .iter()
+        .chain(ADMIN_ROUTES)
         .map(|(m, p)| (m.to_string(), p.to_string()))
         .collect();
     assert_eq!(documented, routed);
@@ -525,12 +795,12 @@ async fn health_and_metrics() {
     let h = harness();
     h.open(1, 10).await;
     h.buy(1, 1).await;
-    let (s, _, headers) = call(&h.app, "GET", "/healthz", None, &[("x-request-id", "abc-1")]).await;
+    let (s, _, headers) = at(&h, "GET", "/healthz", None, &[("x-request-id", "abc-1")]).await;
     assert_eq!(
         (s, headers.get("x-request-id").unwrap().to_str().unwrap()),
         (StatusCode::OK, "abc-1")
     );
-    let (_, _, headers) = call(&h.app, "GET", "/healthz", None, &[]).await;
+    let (_, _, headers) = at(&h, "GET", "/healthz", None, &[]).await;
     assert!(
         headers
             .get("x-request-id")
@@ -540,17 +810,31 @@ async fn health_and_metrics() {
             .starts_with('r'),
         "an id is made up"
     );
-    let (s, body, _) = call(&h.app, "GET", "/readyz", None, &[]).await;
+    let (s, _, _) = at(&h, "GET", "/readyz", None, &[]).await;
+    assert_eq!(
+        s,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not ready before the first probe"
+    );
+    seckill_engine::api::probe_readiness(&h.api).await;
+    let (s, body, _) = at(&h, "GET", "/readyz", None, &[]).await;
     assert_eq!(
         (s, body["redis"].as_str()),
         (StatusCode::OK, Some("ok")),
         "{body}"
     );
+    // Readiness answers from the last probe: a flood of probes costs Redis nothing.
+    let calls = h.redis.calls.load(Ordering::SeqCst);
+    for _ in 0..20 {
+        at(&h, "GET", "/readyz", None, &[]).await;
+    }
+    assert_eq!(h.redis.calls.load(Ordering::SeqCst), calls);
     h.redis.knob.set(Mode::FailDeterminate);
-    let (s, body, _) = call(&h.app, "GET", "/readyz", None, &[]).await;
+    seckill_engine::api::probe_readiness(&h.api).await;
+    let (s, body, _) = at(&h, "GET", "/readyz", None, &[]).await;
     h.redis.knob.set(Mode::Pass);
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    let (s, text, _) = call(&h.app, "GET", "/metrics", None, &[]).await;
+    let (s, text, _) = at(&h, "GET", "/metrics", None, &[]).await;
     assert_eq!(s, StatusCode::OK);
     let text = text.as_str().unwrap();
     assert!(text.contains("seckill_purchases_total"), "{text}");

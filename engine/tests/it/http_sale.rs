@@ -17,15 +17,27 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ADMIN: &str = "admin-token-0123456789";
+const JWT_SECRET: &str = "jwt-secret-of-the-login-service-0123";
 
-/// One HTTP/1.1 request on its own connection; (status, JSON body).
-async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>, admin: bool) -> (u16, Value) {
+/// A user's JWT, as the login service would issue it.
+fn jwt(user: u64) -> String {
+    crate::support::user_jwt(JWT_SECRET, user)
+}
+
+/// One HTTP/1.1 request on its own connection, with `bearer` (empty: none); (status, JSON body).
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    bearer: &str,
+) -> (u16, Value) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let auth = if admin {
-        format!("authorization: Bearer {ADMIN}\r\n")
-    } else {
+    let auth = if bearer.is_empty() {
         String::new()
+    } else {
+        format!("authorization: Bearer {bearer}\r\n")
     };
     let req = format!(
         "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\n\r\n{body}",
@@ -51,6 +63,7 @@ async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let cfg = ServeConfig {
         admin_token: Some(ADMIN.into()),
         token_secret: Some("k".repeat(32)),
+        jwt: Some(seckill_engine::api::config::JwtKeys::Secret(JWT_SECRET.into())),
         // Every client is 127.0.0.1 here: the per-IP limit would be the whole test's limit.
         rate: seckill_engine::api::config::RateLimits {
             per_ip_per_sec: 1_000_000,
@@ -64,14 +77,15 @@ async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let clock = Clock::new(now_ms, tokio::time::Instant::now());
     let api = serve::api(&cfg, stores, &secrets, clock, &mut rng).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = serve::start(api, listener, &mut rng).await.unwrap();
-    let addr = running.addr;
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = serve::start(api, listener, admin, &mut rng).await.unwrap();
+    let (addr, admin) = (running.addr, running.admin_addr);
 
     let spec = json!({
         "id": activity, "total_stock": 500, "buckets": 8, "fallback_pct": 10,
         "start_ms": now_ms - 1_000, "end_ms": now_ms + 3_600_000, "pay_timeout_ms": 900_000,
     });
-    let (s, body) = http(addr, "POST", "/api/v1/admin/activities", Some(&spec), true).await;
+    let (s, body) = http(admin, "POST", "/api/v1/admin/activities", Some(&spec), ADMIN).await;
     assert_eq!(s, 201, "{body}");
 
     let users: Vec<u64> = (1..=5_000).collect();
@@ -82,7 +96,8 @@ async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             .map(|&user| {
                 tokio::spawn(async move {
                     let path = format!("/api/v1/activities/{activity}/token");
-                    let (s, t) = http(addr, "POST", &path, Some(&json!({ "user_id": user })), false).await;
+                    let me = jwt(user);
+                    let (s, t) = http(addr, "POST", &path, None, &me).await;
                     if s != 200 {
                         // Known sold out: refused before a token is even issued.
                         assert_eq!(
@@ -92,9 +107,9 @@ async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
                         );
                         return s;
                     }
-                    let buy = json!({ "user_id": user, "token": t["token"] });
+                    let buy = json!({ "token": t["token"] });
                     let path = format!("/api/v1/activities/{activity}/purchase");
-                    http(addr, "POST", &path, Some(&buy), false).await.0
+                    http(addr, "POST", &path, Some(&buy), &me).await.0
                 })
             })
             .collect();
@@ -117,11 +132,11 @@ async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let deadline = Instant::now() + Duration::from_secs(60);
     let audit = loop {
         let (s, audit) = http(
-            addr,
+            admin,
             "GET",
             &format!("/api/v1/admin/activities/{activity}/audit"),
             None,
-            true,
+            ADMIN,
         )
         .await;
         assert_eq!(s, 200, "{audit}");
@@ -169,9 +184,15 @@ async fn a_flash_sale_over_http_on_the_real_stores() {
 /// `seckill serve` as a process: it answers, and SIGTERM stops it cleanly (exit 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_stops_gracefully_on_sigterm() {
-    let port = free_port();
+    let (port, admin_port) = (free_port(), free_port());
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_seckill"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-listen",
+            &format!("127.0.0.1:{admin_port}"),
+        ])
         .env_remove("REDIS_URL")
         .env_remove("KAFKA_BROKERS")
         .env_remove("DATABASE_URL")
@@ -180,13 +201,13 @@ async fn serve_stops_gracefully_on_sigterm() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         assert!(Instant::now() < deadline, "serve did not listen");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(http(addr, "GET", "/readyz", None, false).await.0, 200);
+    assert_eq!(http(addr, "GET", "/readyz", None, "").await.0, 200);
     // The shell's builtin kill: no procps needed on the machine.
     let kill = std::process::Command::new("sh")
         .args(["-c", &format!("kill -TERM {}", child.id())])
@@ -215,4 +236,109 @@ fn serve_refuses_a_bad_setting_by_name() {
         err.contains("SECKILL_RATE_PER_USER_PER_SEC: must be in 1..=10000000, got 0"),
         "{err}"
     );
+}
+
+/// Slow clients (DESIGN §12): a connection that sends half a header is closed after the
+/// header-read timeout, an idle keep-alive connection too, while a normal client keeps being
+/// served; connections beyond the cap are closed at once without stalling the rest; and a stop
+/// with a request stuck mid-body finishes by the shutdown deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_and_do_not_stall_the_rest() {
+    use seckill_engine::api::listener::ConnLimits;
+    let cfg = ServeConfig {
+        admin_token: Some(ADMIN.into()),
+        token_secret: Some("k".repeat(32)),
+        jwt: Some(seckill_engine::api::config::JwtKeys::Secret(JWT_SECRET.into())),
+        request_timeout: Duration::from_secs(30),
+        conn_limits: ConnLimits {
+            header_read_timeout: Duration::from_millis(2_000),
+            max_connections: 4,
+            shutdown_deadline: Duration::from_millis(1_000),
+        },
+        ..ServeConfig::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let secrets = Secrets::resolve(&cfg, &mut rng);
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    let api = serve::api(
+        &cfg,
+        Stores::embedded(),
+        &secrets,
+        Clock::new(now_ms, tokio::time::Instant::now()),
+        &mut rng,
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = serve::start(api, listener, admin, &mut rng).await.unwrap();
+    let addr = running.addr;
+    let half = |addr: SocketAddr| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        s
+    };
+    // Closed: the peer reads end-of-file (nothing, or at most an error answer, then EOF).
+    let closed_within = |mut s: tokio::net::TcpStream, d: Duration| async move {
+        let mut buf = Vec::new();
+        matches!(tokio::time::timeout(d, s.read_to_end(&mut buf)).await, Ok(Ok(_)))
+    };
+
+    // Half a header: cut off after the timeout; a normal client is served meanwhile.
+    let slow = half(addr).await;
+    assert_eq!(http(addr, "GET", "/healthz", None, "").await.0, 200);
+    assert!(
+        closed_within(slow, Duration::from_secs(5)).await,
+        "half a header held the connection"
+    );
+
+    // An idle keep-alive connection after its answer: cut off too.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    assert!(
+        closed_within(idle, Duration::from_secs(5)).await,
+        "an idle connection was kept"
+    );
+
+    // Four slow connections fill the cap: the fifth is closed at once (well before the header
+    // timeout would have closed it), and once the slow ones are gone, clients are served again.
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        slow.push(half(addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let fifth = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(closed_within(fifth, Duration::from_secs(5)).await);
+    let mut probe = [0u8; 1];
+    assert!(
+        matches!(slow[0].try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the fifth was closed while the four still held their slots (not by the header timeout)"
+    );
+    for s in slow {
+        assert!(closed_within(s, Duration::from_secs(5)).await);
+    }
+    assert_eq!(http(addr, "GET", "/healthz", None, "").await.0, 200);
+
+    // A request stuck mid-body (its header arrived: the header timeout no longer applies, and
+    // the request timeout is 30 s): the stop ends by the shutdown deadline all the same.
+    let mut stuck = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stuck
+        .write_all(b"POST /api/v1/payments/callback HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"pay")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopping = Instant::now();
+    running.shutdown().await.unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "the stop waited {:?} for a stuck client",
+        stopping.elapsed()
+    );
+    drop(stuck);
 }

@@ -150,7 +150,7 @@ async fn payment_timeout_cancels_once_and_gives_the_unit_back_to_its_bucket() {
         panic!()
     };
     rig.drain().await;
-    rig.ledger.pay(paid.id).await.unwrap();
+    rig.ledger.pay(paid.id, "p-1").await.unwrap();
     let before = rig.stocks().await;
     // The rig's clock runs in real time: the order was reserved at 1_500 or a little later.
     let due = r.reserved_at_ms + 60_000;
@@ -177,7 +177,7 @@ async fn payment_timeout_cancels_once_and_gives_the_unit_back_to_its_bucket() {
     after[r.bucket.0 as usize] = after[r.bucket.0 as usize].map(|s| s + 1);
     assert_eq!(rig.stocks().await, after, "back to the reservation's own bucket");
     assert_eq!(
-        rig.ledger.pay(r.id).await.unwrap(),
+        rig.ledger.pay(r.id, "p-1").await.unwrap(),
         PayOutcome::NotPayable(OrderStatus::Cancelled)
     );
     assert_eq!(rig.status(UserId(1)).await, OrderState::Cancelled);

@@ -123,7 +123,7 @@ async fn queued_becomes_created_then_paid() {
     rig.drain().await;
     assert_eq!(rig.status(u).await, OrderState::Created);
     assert_eq!(rig.status_view(u).await.reservation, Some(r.id));
-    assert_eq!(rig.ledger.pay(r.id).await.unwrap(), PayOutcome::Paid);
+    assert_eq!(rig.ledger.pay(r.id, "p-1").await.unwrap(), PayOutcome::Paid);
     assert_eq!(rig.status(u).await, OrderState::Paid);
     assert_eq!(rig.violations(true).await, Vec::<String>::new());
 }

@@ -64,6 +64,7 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
     let cfg = ServeConfig {
         admin_token: Some("admin-token-0123456789".into()),
         token_secret: Some("k".repeat(32)),
+        jwt: Some(seckill_engine::api::config::JwtKeys::Secret("j".repeat(32))),
         rate: RateLimits {
             per_ip_per_sec: 1_000_000,
             ..ServeConfig::default().rate
@@ -95,7 +96,8 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
     .unwrap();
     api.core.create(&activity).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = serve::start(api, listener, &mut rng).await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = serve::start(api, listener, admin, &mut rng).await.unwrap();
     let cfg = LoadConfig {
         addr: running.addr,
         activity: 9,
@@ -107,6 +109,9 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
         clicks_per_user: 2,
         seed: 1,
         target: Target::Purchase,
+        jwt_secret: "j".repeat(32),
+        jwt_issuer: None,
+        jwt_audience: None,
     };
     let r = load::run(&cfg, || {}).await.unwrap();
     assert!(r.completed);

@@ -34,6 +34,8 @@ struct LedgerState {
     activity_of: BTreeMap<ReservationId, ActivityId>,
     /// The UNIQUE(activity_id, user_id) index.
     by_user: BTreeMap<(ActivityId, UserId), ReservationId>,
+    /// `seckill_order.payment_id` of paid orders.
+    payments: BTreeMap<ReservationId, String>,
     /// `stock_journal`, in insertion order, per activity.
     journal: BTreeMap<ActivityId, Vec<JournalEntry>>,
 }
@@ -244,7 +246,7 @@ impl Ledger for EmbeddedLedger {
         Ok(true)
     }
 
-    async fn pay(&self, id: ReservationId) -> PortResult<PayOutcome> {
+    async fn pay(&self, id: ReservationId, payment: &str) -> PortResult<PayOutcome> {
         let mut st = self.lock();
         let Some(order) = st.order_mut(id) else {
             return Ok(PayOutcome::NotFound);
@@ -252,11 +254,19 @@ impl Ledger for EmbeddedLedger {
         Ok(match order.status {
             OrderStatus::Created => {
                 order.status = OrderStatus::Paid;
+                st.payments.insert(id, payment.to_string());
                 PayOutcome::Paid
             }
-            OrderStatus::Paid => PayOutcome::AlreadyPaid,
+            OrderStatus::Paid => match st.payments.get(&id) {
+                Some(p) if p != payment => PayOutcome::PaidWithOther(p.clone()),
+                _ => PayOutcome::AlreadyPaid,
+            },
             other => PayOutcome::NotPayable(other),
         })
+    }
+
+    async fn order(&self, id: ReservationId) -> PortResult<Option<OrderRow>> {
+        Ok(self.lock().order(id).cloned())
     }
 
     async fn cancel(&self, id: ReservationId) -> PortResult<CancelOutcome> {

@@ -472,7 +472,7 @@ async fn run_ledger_ops<L: Ledger>(ledger: &L, a: &Activity, ops: &[LedgerOp]) -
                     .collect();
                 outcome(&ledger.apply(&batch).await)
             }
-            LedgerOp::Pay { rid } => outcome(&ledger.pay(rid_of(id, *rid)).await),
+            LedgerOp::Pay { rid } => outcome(&ledger.pay(rid_of(id, *rid), "p-1").await),
             LedgerOp::Cancel { rid } => outcome(&ledger.cancel(rid_of(id, *rid)).await),
             LedgerOp::CancelUnpaid { now_ms } => {
                 outcome(&ledger.cancel_unpaid(id, *now_ms).await.map(|mut v| {

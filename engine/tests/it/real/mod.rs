@@ -14,8 +14,10 @@ mod processes;
 use seckill_engine::adapters::kafka::{KafkaBus, KafkaConfig};
 use seckill_engine::adapters::mysql::{MysqlConfig, MysqlLedger};
 use seckill_engine::adapters::redis::{connect_stock_cache, RedisConfig, RedisStockCache};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A service setting, or `None` to skip the test (never when services are required).
 pub fn service(var: &str) -> Option<String> {
@@ -124,5 +126,115 @@ impl OwnDatabase {
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{}`", self.name)))
             .execute(&self.admin)
             .await;
+    }
+}
+
+/// A one-node KRaft Kafka of a test's own (the jars `ci/services.sh` fetched), on free ports,
+/// durable across its restarts.
+pub struct OwnKafka {
+    libs: String,
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl OwnKafka {
+    pub fn start(libs: String) -> OwnKafka {
+        let (port, controller) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("seckill-test-kafka-{port}"));
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let props = format!(
+            "process.roles=broker,controller\nnode.id=1\ncontroller.quorum.voters=1@127.0.0.1:{controller}\n\
+             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{port}\ncontroller.listener.names=CONTROLLER\n\
+             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n\
+             inter.broker.listener.name=PLAINTEXT\nlog.dirs={}\noffsets.topic.replication.factor=1\n\
+             offsets.topic.num.partitions=3\ntransaction.state.log.replication.factor=1\n\
+             transaction.state.log.min.isr=1\ngroup.initial.rebalance.delay.ms=0\n",
+            dir.join("data").display()
+        );
+        std::fs::write(dir.join("server.properties"), props).unwrap();
+        let java = |args: &[&str]| {
+            let out = Command::new("java")
+                .arg("-cp")
+                .arg(format!("{libs}/*"))
+                .args(args)
+                .output()
+                .expect("java");
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .to_string()
+        };
+        let cluster_id = java(&["kafka.tools.StorageTool", "random-uuid"]);
+        let config = dir.join("server.properties").display().to_string();
+        java(&[
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            &cluster_id,
+            "-c",
+            &config,
+        ]);
+        let mut k = OwnKafka {
+            libs,
+            dir,
+            port,
+            child: None,
+        };
+        k.up();
+        k
+    }
+
+    pub fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn up(&mut self) {
+        let child = Command::new("java")
+            .args([
+                "-Xms128m",
+                "-Xmx256m",
+                "-cp",
+                &format!("{}/*", self.libs),
+                "kafka.Kafka",
+            ])
+            .arg(self.dir.join("server.properties"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start kafka");
+        self.child = Some(child);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnKafka {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Wait until the broker serves metadata again (topic creation is idempotent). A JVM starting
+/// while the rest of the suite loads both cores can take a while: the bound is generous.
+pub async fn until_kafka_answers(bus: &KafkaBus) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while let Err(e) = bus.ensure_topics().await {
+        assert!(Instant::now() < deadline, "kafka did not come up: {e}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }

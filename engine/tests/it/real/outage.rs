@@ -6,7 +6,7 @@
 //! outcome is unknown, the purchase answers Queued and the reservation stays open in Redis; after
 //! the restart the reconciler republishes it and the order appears in MariaDB.
 
-use super::{free_port, mysql, redis_single, service, unique_id};
+use super::{free_port, mysql, redis_single, service, unique_id, until_kafka_answers, OwnKafka};
 use rand::SeedableRng;
 use seckill_engine::adapters::embedded::EmbeddedBus;
 use seckill_engine::adapters::kafka::{KafkaBus, KafkaConfig};
@@ -167,116 +167,6 @@ async fn redis_down_answers_unavailable_fast_and_moves_no_stock() {
         ),
         "back in service"
     );
-}
-
-/// A one-node KRaft Kafka of this test's own (the jars `ci/services.sh` fetched), on free ports,
-/// durable across its restarts.
-struct OwnKafka {
-    libs: String,
-    dir: PathBuf,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl OwnKafka {
-    fn start(libs: String) -> OwnKafka {
-        let (port, controller) = (free_port(), free_port());
-        let dir = std::env::temp_dir().join(format!("seckill-outage-kafka-{port}"));
-        std::fs::create_dir_all(dir.join("data")).unwrap();
-        let props = format!(
-            "process.roles=broker,controller\nnode.id=1\ncontroller.quorum.voters=1@127.0.0.1:{controller}\n\
-             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}\n\
-             advertised.listeners=PLAINTEXT://127.0.0.1:{port}\ncontroller.listener.names=CONTROLLER\n\
-             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT\n\
-             inter.broker.listener.name=PLAINTEXT\nlog.dirs={}\noffsets.topic.replication.factor=1\n\
-             offsets.topic.num.partitions=3\ntransaction.state.log.replication.factor=1\n\
-             transaction.state.log.min.isr=1\ngroup.initial.rebalance.delay.ms=0\n",
-            dir.join("data").display()
-        );
-        std::fs::write(dir.join("server.properties"), props).unwrap();
-        let java = |args: &[&str]| {
-            let out = Command::new("java")
-                .arg("-cp")
-                .arg(format!("{libs}/*"))
-                .args(args)
-                .output()
-                .expect("java");
-            assert!(
-                out.status.success(),
-                "{args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .to_string()
-        };
-        let cluster_id = java(&["kafka.tools.StorageTool", "random-uuid"]);
-        let config = dir.join("server.properties").display().to_string();
-        java(&[
-            "kafka.tools.StorageTool",
-            "format",
-            "-t",
-            &cluster_id,
-            "-c",
-            &config,
-        ]);
-        let mut k = OwnKafka {
-            libs,
-            dir,
-            port,
-            child: None,
-        };
-        k.up();
-        k
-    }
-
-    fn brokers(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn up(&mut self) {
-        let child = Command::new("java")
-            .args([
-                "-Xms128m",
-                "-Xmx256m",
-                "-cp",
-                &format!("{}/*", self.libs),
-                "kafka.Kafka",
-            ])
-            .arg(self.dir.join("server.properties"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start kafka");
-        self.child = Some(child);
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for OwnKafka {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Wait until the broker serves metadata again (topic creation is idempotent). A JVM starting
-/// while the rest of the suite loads both cores can take a while: the bound is generous.
-async fn until_kafka_answers(bus: &KafkaBus) {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while let Err(e) = bus.ensure_topics().await {
-        assert!(Instant::now() < deadline, "kafka did not come up: {e}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,358 @@
+//! Who is calling (DESIGN §12): a bearer JWT on every user route, verified with `jsonwebtoken`.
+//! `sub` is the decimal user id, `exp` is required, `iss` / `aud` are checked when configured.
+//! Keys: an HS256 secret, or the public keys of a JWKS file (RS256 / ES256 / EdDSA …), picked by
+//! the token's `kid`.
+//!
+//! Expiry is checked here against the engine's clock (`tokio::time` through `Clock`), not by the
+//! crate (which reads the system clock), so that paused-time tests and the wall clock agree.
+
+use crate::domain::UserId;
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+
+/// Tolerated clock difference between the login service and this engine.
+const LEEWAY_S: u64 = 30;
+/// The shortest HS256 secret accepted (RFC 7518 §3.2: at least the hash size).
+pub const MIN_SECRET_LEN: usize = 32;
+
+/// The verified caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller(pub UserId);
+
+/// Why a request has no identity: answered 401 with `WWW-Authenticate: Bearer`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct AuthError {
+    /// `missing` (no credential at all) or `invalid_token`.
+    pub kind: &'static str,
+    pub reason: String,
+}
+
+fn invalid(reason: impl Into<String>) -> AuthError {
+    AuthError {
+        kind: "invalid_token",
+        reason: reason.into(),
+    }
+}
+
+enum Keys {
+    Secret(DecodingKey),
+    /// (kid, algorithm, key) of each JWKS entry.
+    Set(Vec<(Option<String>, Algorithm, DecodingKey)>),
+}
+
+pub struct Identity {
+    keys: Keys,
+    issuer: Option<String>,
+    audience: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Claims {
+    sub: String,
+    exp: u64,
+}
+
+impl Identity {
+    pub fn hs256(
+        secret: &[u8],
+        issuer: Option<String>,
+        audience: Option<String>,
+    ) -> Result<Identity, String> {
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(format!("must be at least {MIN_SECRET_LEN} bytes"));
+        }
+        Ok(Identity {
+            keys: Keys::Secret(DecodingKey::from_secret(secret)),
+            issuer,
+            audience,
+        })
+    }
+
+    /// From the text of a JWKS file: every key needs an `alg` (a key is not used for an
+    /// algorithm it was not published for); `kid` picks the key when there are several.
+    pub fn jwks(text: &str, issuer: Option<String>, audience: Option<String>) -> Result<Identity, String> {
+        let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWKS document: {e}"))?;
+        if set.keys.is_empty() {
+            return Err("the key set is empty".into());
+        }
+        let mut keys = Vec::with_capacity(set.keys.len());
+        for (i, jwk) in set.keys.iter().enumerate() {
+            let name = jwk.common.key_id.clone().unwrap_or_else(|| format!("#{i}"));
+            let alg = jwk
+                .common
+                .key_algorithm
+                .ok_or_else(|| format!("key {name}: no \"alg\""))?;
+            let alg: Algorithm = alg
+                .to_string()
+                .parse()
+                .map_err(|_| format!("key {name}: \"alg\" {alg} is not a signature algorithm"))?;
+            let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {name}: {e}"))?;
+            keys.push((jwk.common.key_id.clone(), alg, key));
+        }
+        Ok(Identity {
+            keys: Keys::Set(keys),
+            issuer,
+            audience,
+        })
+    }
+
+    /// The caller named by an `Authorization: Bearer <JWT>` header value.
+    pub fn verify(&self, authorization: Option<&[u8]>, now_ms: u64) -> Result<Caller, AuthError> {
+        let Some(value) = authorization else {
+            return Err(AuthError {
+                kind: "missing",
+                reason: "this route needs an identity: Authorization: Bearer <JWT>".into(),
+            });
+        };
+        let token = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| invalid("the Authorization header is not \"Bearer <JWT>\""))?;
+        let header = jsonwebtoken::decode_header(token).map_err(|e| invalid(format!("not a JWT: {e}")))?;
+        let (alg, key) = match &self.keys {
+            Keys::Secret(key) => (Algorithm::HS256, key),
+            Keys::Set(keys) => {
+                let found = match &header.kid {
+                    Some(kid) => keys.iter().find(|(k, _, _)| k.as_deref() == Some(kid)),
+                    None if keys.len() == 1 => keys.first(),
+                    None => None,
+                };
+                let (_, alg, key) = found.ok_or_else(|| invalid("no key for this token's \"kid\""))?;
+                (*alg, key)
+            }
+        };
+        if header.alg != alg {
+            return Err(invalid(format!(
+                "signed with {:?}, the key is for {alg:?}",
+                header.alg
+            )));
+        }
+        let mut v = Validation::new(alg);
+        v.validate_exp = false; // checked below against the engine's clock
+        v.set_required_spec_claims(&["exp", "sub"]);
+        v.validate_aud = self.audience.is_some();
+        if let Some(aud) = &self.audience {
+            v.set_audience(&[aud]);
+            v.required_spec_claims.insert("aud".into());
+        }
+        if let Some(iss) = &self.issuer {
+            v.set_issuer(&[iss]);
+            v.required_spec_claims.insert("iss".into());
+        }
+        let data = jsonwebtoken::decode::<Claims>(token, key, &v).map_err(|e| invalid(e.to_string()))?;
+        if data.claims.exp.saturating_add(LEEWAY_S).saturating_mul(1_000) < now_ms {
+            return Err(invalid("the token has expired"));
+        }
+        let sub = &data.claims.sub;
+        let user = (!sub.is_empty() && sub.len() <= 19 && sub.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| sub.parse::<u64>().ok())
+            .flatten()
+            .filter(|u| (1..=i64::MAX as u64).contains(u))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "\"sub\" must be a user id (a positive integer), got {sub:?}"
+                ))
+            })?;
+        Ok(Caller(UserId(user)))
+    }
+}
+
+/// An HS256 user JWT, as a login service would issue it (`seckill jwt`, `load`, `demo`, tests).
+pub fn mint(
+    secret: &[u8],
+    user: UserId,
+    exp_unix_s: u64,
+    issuer: Option<&str>,
+    audience: Option<&str>,
+) -> String {
+    #[derive(serde::Serialize)]
+    struct Out<'a> {
+        sub: String,
+        exp: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        iss: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        aud: Option<&'a str>,
+    }
+    let claims = Out {
+        sub: user.0.to_string(),
+        exp: exp_unix_s,
+        iss: issuer,
+        aud: audience,
+    };
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )
+    .expect("HS256 over plain claims cannot fail")
+}
+
+/// Where `serve` on the embedded default keeps its development key, and where `seckill jwt`
+/// finds it: one file per machine user, reused across restarts (JWTs minted before still work).
+pub fn dev_secret_path() -> std::path::PathBuf {
+    std::env::temp_dir().join("seckill-dev-jwt-secret")
+}
+
+/// The development key: read from `dev_secret_path()`, or made (hex of 32 random bytes, file
+/// mode 0600) if there is none yet.
+pub fn dev_secret(rng: &mut impl rand::RngCore) -> std::io::Result<String> {
+    let path = dev_secret_path();
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let text = text.trim().to_string();
+        if text.len() >= MIN_SECRET_LEN {
+            return Ok(text);
+        }
+    }
+    let mut b = [0u8; 32];
+    rng.fill_bytes(&mut b);
+    let secret: String = b.iter().map(|b| format!("{b:02x}")).collect();
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)?;
+    f.write_all(secret.as_bytes())?;
+    Ok(secret)
+}
+
+/// The HS256 secret a tool mints user JWTs with (`seckill jwt`, `seckill load`): the
+/// `SECKILL_JWT_SECRET` of the server, or else the development key a `serve` on the embedded
+/// default made.
+pub fn minting_secret(env: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    if let Some(s) = env("SECKILL_JWT_SECRET").filter(|s| !s.is_empty()) {
+        if s.len() < MIN_SECRET_LEN {
+            return Err(format!(
+                "SECKILL_JWT_SECRET: must be at least {MIN_SECRET_LEN} bytes"
+            ));
+        }
+        return Ok(s);
+    }
+    let path = dev_secret_path();
+    match std::fs::read_to_string(&path) {
+        Ok(text) if text.trim().len() >= MIN_SECRET_LEN => Ok(text.trim().to_string()),
+        _ => Err(format!(
+            "SECKILL_JWT_SECRET is not set and there is no development key in {} yet: \
+             start `seckill serve` on the embedded default first, or set the server's secret",
+            path.display()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+    const NOW_MS: u64 = 1_800_000_000_000;
+
+    fn bearer(t: &str) -> Vec<u8> {
+        format!("Bearer {t}").into_bytes()
+    }
+
+    #[test]
+    fn a_user_jwt_names_its_user_until_it_expires() {
+        let id = Identity::hs256(SECRET, None, None).unwrap();
+        let t = mint(SECRET, UserId(8), NOW_MS / 1_000 + 60, None, None);
+        assert_eq!(id.verify(Some(&bearer(&t)), NOW_MS), Ok(Caller(UserId(8))));
+        let late = NOW_MS + (60 + LEEWAY_S + 1) * 1_000;
+        assert_eq!(
+            id.verify(Some(&bearer(&t)), late).unwrap_err().kind,
+            "invalid_token"
+        );
+    }
+
+    #[test]
+    fn missing_forged_and_malformed_identities_are_refused() {
+        let id = Identity::hs256(SECRET, None, None).unwrap();
+        assert_eq!(id.verify(None, NOW_MS).unwrap_err().kind, "missing");
+        let forged = mint(
+            b"another secret, long enough to pass",
+            UserId(8),
+            NOW_MS / 1_000 + 60,
+            None,
+            None,
+        );
+        assert!(id.verify(Some(&bearer(&forged)), NOW_MS).is_err());
+        for bad in [&b"Basic abc"[..], b"Bearer ", b"Bearer a.b.c", b"\xff"] {
+            assert_eq!(id.verify(Some(bad), NOW_MS).unwrap_err().kind, "invalid_token");
+        }
+        let zero = mint(SECRET, UserId(0), NOW_MS / 1_000 + 60, None, None);
+        assert!(id
+            .verify(Some(&bearer(&zero)), NOW_MS)
+            .unwrap_err()
+            .reason
+            .contains("sub"));
+    }
+
+    #[test]
+    fn issuer_and_audience_are_checked_when_configured() {
+        let id = Identity::hs256(SECRET, Some("login".into()), Some("seckill".into())).unwrap();
+        let exp = NOW_MS / 1_000 + 60;
+        let good = mint(SECRET, UserId(3), exp, Some("login"), Some("seckill"));
+        assert_eq!(id.verify(Some(&bearer(&good)), NOW_MS), Ok(Caller(UserId(3))));
+        for t in [
+            mint(SECRET, UserId(3), exp, Some("other"), Some("seckill")),
+            mint(SECRET, UserId(3), exp, Some("login"), Some("other")),
+            mint(SECRET, UserId(3), exp, None, Some("seckill")),
+            mint(SECRET, UserId(3), exp, Some("login"), None),
+        ] {
+            assert!(id.verify(Some(&bearer(&t)), NOW_MS).is_err());
+        }
+    }
+
+    /// A test-only Ed25519 key (made with `openssl genpkey -algorithm ed25519`) and its JWK `x`.
+    const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIFw8VcBmhx9O8s1x5LrOoKS9kDrsd5DXxFcsjnRqYIz7\n-----END PRIVATE KEY-----\n";
+    const ED_X: &str = "jVIpzkYW5gs3RSN98c2u3_AITHW4d8CcJyrNwJY1bTc";
+
+    #[test]
+    fn an_eddsa_jwt_verifies_against_the_jwks_key_its_kid_names() {
+        let jwks = format!(
+            r#"{{"keys":[{{"kty":"OKP","crv":"Ed25519","alg":"EdDSA","kid":"login-1","x":"{ED_X}"}},
+                         {{"kty":"oct","alg":"HS256","kid":"other","k":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}}]}}"#
+        );
+        let id = Identity::jwks(&jwks, None, None).unwrap();
+        let key = EncodingKey::from_ed_pem(ED_PRIVATE.as_bytes()).unwrap();
+        let sign = |kid: Option<&str>| {
+            let mut h = Header::new(Algorithm::EdDSA);
+            h.kid = kid.map(str::to_string);
+            let claims = serde_json::json!({"sub": "12", "exp": NOW_MS / 1_000 + 60});
+            jsonwebtoken::encode(&h, &claims, &key).unwrap()
+        };
+        assert_eq!(
+            id.verify(Some(&bearer(&sign(Some("login-1")))), NOW_MS),
+            Ok(Caller(UserId(12)))
+        );
+        assert!(
+            id.verify(Some(&bearer(&sign(Some("other")))), NOW_MS).is_err(),
+            "wrong key's kid"
+        );
+        assert!(
+            id.verify(Some(&bearer(&sign(None))), NOW_MS).is_err(),
+            "no kid among two keys"
+        );
+    }
+
+    #[test]
+    fn a_jwks_key_is_used_only_for_its_algorithm() {
+        // An HS256 token presented to a key set that publishes an "oct" key for HS384 only.
+        let k = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, SECRET);
+        let jwks = format!(r#"{{"keys":[{{"kty":"oct","alg":"HS384","kid":"a","k":"{k}"}}]}}"#);
+        let id = Identity::jwks(&jwks, None, None).unwrap();
+        let t = mint(SECRET, UserId(3), NOW_MS / 1_000 + 60, None, None);
+        assert!(id
+            .verify(Some(&bearer(&t)), NOW_MS)
+            .unwrap_err()
+            .reason
+            .contains("HS384"));
+        assert!(Identity::jwks(r#"{"keys":[]}"#, None, None).is_err());
+        let no_alg = Identity::jwks(r#"{"keys":[{"kty":"oct","k":"AA"}]}"#, None, None);
+        assert!(no_alg.err().unwrap().contains("alg"));
+    }
+}
