@@ -30,7 +30,6 @@ pub type SimCache = ScriptedStockCache<SimRedis>;
 pub struct EngineParams {
     pub addr: SocketAddr,
     pub activity: Activity,
-    pub partitions: u32,
     /// Wall-clock origin of this incarnation (the sim epoch, skewed by the nemesis).
     pub wall_ms: u64,
 }
@@ -53,7 +52,7 @@ pub fn recovery() -> RecoveryConfig {
 pub async fn engine_main(p: EngineParams) {
     let ep = Arc::new(Endpoint::bind(p.addr).await.expect("bind engine"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
-    let bus = SimBus::new(ep.clone(), p.partitions);
+    let bus = SimBus::new(ep.clone());
     let ledger = SimLedger::new(ep.clone());
     let clock = Clock::new(p.wall_ms, tokio::time::Instant::now());
     let mut rng = rand::rngs::StdRng::seed_from_u64(thread_rng().gen());
@@ -124,11 +123,11 @@ pub async fn engine_main(p: EngineParams) {
 /// recovery if needed, a reconciler pass, the payment timeout — and beside it the rebalancer on
 /// its own schedule. What they did is traced; a difference the reconciler cannot explain is
 /// traced as `reconciler: …`.
-pub async fn jobs_main(addr: SocketAddr, index: usize, partitions: u32, faults: Arc<crate::faults::Faults>) {
+pub async fn jobs_main(addr: SocketAddr, index: usize, faults: Arc<crate::faults::Faults>) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind jobs"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
     let ledger = SimLedger::new(ep.clone());
-    let bus = SimBus::new(ep, partitions);
+    let bus = SimBus::new(ep);
     let clock = Clock::new(crate::SIM_EPOCH_MS, tokio::time::Instant::now());
     let config = JobsConfig {
         recovery: recovery(),
@@ -210,17 +209,10 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
 
 /// A worker node: the production `worker` role (`roles::worker_role`), batch after batch; a
 /// failed batch is traced (it is redelivered: nothing was committed) and retried after a pause.
-pub async fn consumer_main(
-    addr: SocketAddr,
-    index: u32,
-    of: u32,
-    partitions: u32,
-    batch: usize,
-    faults: Arc<crate::faults::Faults>,
-) {
+pub async fn consumer_main(addr: SocketAddr, index: u32, batch: usize, faults: Arc<crate::faults::Faults>) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind consumer"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
-    let bus = SimBus::new(ep.clone(), partitions).member(index, of);
+    let bus = SimBus::new(ep.clone());
     let mut consumer = roles::worker_role(cache, &bus, SimLedger::new(ep), GROUP, batch)
         .await
         .expect("static membership cannot fail");

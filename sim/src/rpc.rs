@@ -186,10 +186,22 @@ request!(Fetch => Vec<Delivery>, 0x5e22);
 #[derive(Serialize, Deserialize)]
 pub struct Commit {
     pub group: String,
+    /// The committing member and the group generation it was assigned the partition in: the
+    /// broker refuses a commit from an older generation (Kafka's ILLEGAL_GENERATION).
+    pub member: String,
+    pub generation: u64,
     pub partition: u32,
     pub offset: u64,
 }
-request!(Commit => (), 0x5e23);
+request!(Commit => Result<(), String>, 0x5e23);
+
+/// A member's heartbeat and join in one: the group's generation and the member's partitions.
+#[derive(Serialize, Deserialize)]
+pub struct GroupSync {
+    pub group: String,
+    pub member: String,
+}
+request!(GroupSync => (u64, Vec<u32>), 0x5e27);
 
 #[derive(Serialize, Deserialize)]
 pub struct Committed {
@@ -271,6 +283,7 @@ mod tests {
             Produce::ID,
             Fetch::ID,
             Commit::ID,
+            GroupSync::ID,
             Committed::ID,
             Lag::ID,
             DeadLetter::ID,

@@ -482,6 +482,45 @@ struct KafkaState {
     partitions: Vec<Vec<(String, Vec<u8>)>>,
     committed: BTreeMap<(String, u32), u64>,
     dead_letters: Vec<(Delivery, String)>,
+    groups: BTreeMap<String, Group>,
+}
+
+/// How long a member may go without a heartbeat (each poll is one) before the group drops it and
+/// gives its partitions to the others — Kafka's `session.timeout.ms`, scaled to the simulation.
+pub const SESSION_TIMEOUT: Duration = Duration::from_millis(1_000);
+
+/// A consumer group as the broker's coordinator keeps it: members with their last heartbeat, a
+/// generation bumped by every rebalance, and each member's partitions (round robin over the
+/// members in id order). A member that joins or leaves (expires) rebalances everyone.
+#[derive(Default)]
+struct Group {
+    generation: u64,
+    last_seen: BTreeMap<String, tokio::time::Instant>,
+    assignment: BTreeMap<String, Vec<u32>>,
+}
+
+impl Group {
+    /// Heartbeat of `member` (joining if it is new); true if the group rebalanced.
+    fn sync(&mut self, member: &str, partitions: u32) -> bool {
+        let now = tokio::time::Instant::now();
+        let others = |g: &Group| g.last_seen.keys().filter(|m| *m != member).count();
+        let before = others(self);
+        self.last_seen
+            .retain(|m, seen| m == member || now.duration_since(*seen) < SESSION_TIMEOUT);
+        let expired = others(self) < before;
+        let joined = self.last_seen.insert(member.to_string(), now).is_none();
+        if !(joined || expired) {
+            return false;
+        }
+        self.generation += 1;
+        let members: Vec<String> = self.last_seen.keys().cloned().collect();
+        self.assignment = members.iter().map(|m| (m.clone(), Vec::new())).collect();
+        for p in 0..partitions {
+            let m = &members[p as usize % members.len()];
+            self.assignment.get_mut(m).expect("a member").push(p);
+        }
+        true
+    }
 }
 
 impl KafkaLog {
@@ -491,6 +530,7 @@ impl KafkaLog {
                 partitions: vec![Vec::new(); partitions as usize],
                 committed: BTreeMap::new(),
                 dead_letters: Vec::new(),
+                groups: BTreeMap::new(),
             }),
             lost_after_ack: Mutex::default(),
             _alive: Alive::new(),
@@ -588,13 +628,42 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 .collect()
         }
     });
-    let l = log.clone();
+    let (l, f) = (log.clone(), faults.clone());
     rpc::serve(&ep, move |req: rpc::Commit| {
-        let l = l.clone();
+        let (l, f) = (l.clone(), f.clone());
         async move {
             let mut st = l.state.lock().expect("kafka");
+            let group = st.groups.entry(req.group.clone()).or_default();
+            let owns = group
+                .assignment
+                .get(&req.member)
+                .is_some_and(|ps| ps.contains(&req.partition));
+            if group.generation != req.generation || !owns {
+                f.fired("late_commit_refused");
+                // A revoked member's late commit: Kafka refuses it, the records go to the
+                // partition's new owner from the last accepted commit.
+                return Err(format!(
+                    "ILLEGAL_GENERATION: member {} of generation {} (the group is at {})",
+                    req.member, req.generation, group.generation
+                ));
+            }
             let c = st.committed.entry((req.group, req.partition)).or_insert(0);
             *c = (*c).max(req.offset);
+            Ok(())
+        }
+    });
+    let (l, f) = (log.clone(), faults.clone());
+    rpc::serve(&ep, move |req: rpc::GroupSync| {
+        let (l, f) = (l.clone(), f.clone());
+        async move {
+            let mut st = l.state.lock().expect("kafka");
+            let partitions = st.partitions.len() as u32;
+            let group = st.groups.entry(req.group).or_default();
+            if group.sync(&req.member, partitions) {
+                f.fired("group_rebalance");
+            }
+            let mine = group.assignment.get(&req.member).cloned().unwrap_or_default();
+            (group.generation, mine)
         }
     });
     let l = log.clone();
@@ -627,30 +696,18 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
     std::future::pending::<()>().await;
 }
 
-/// `OrderBus` over the network to the Kafka node. Group membership is static (Kafka's
-/// `group.instance.id`): member `i` of `k` owns partitions `p % k == i`, so a restarted consumer
-/// takes back its own partitions from the committed offsets.
+/// `OrderBus` over the network to the Kafka node. A source is a member of its consumer group
+/// (a new member every `subscribe`: a restarted consumer joins again): it heartbeats on every
+/// poll, takes the partitions the coordinator gives it, rewinds to the committed offsets when the
+/// group rebalanced, and its commits carry its generation (refused once it is stale).
 #[derive(Clone)]
 pub struct SimBus {
     ep: Arc<Endpoint>,
-    partitions: u32,
-    member: (u32, u32),
 }
 
 impl SimBus {
-    pub fn new(ep: Arc<Endpoint>, partitions: u32) -> Self {
-        SimBus {
-            ep,
-            partitions,
-            member: (0, 1),
-        }
-    }
-
-    pub fn member(self, index: u32, of: u32) -> Self {
-        SimBus {
-            member: (index, of),
-            ..self
-        }
+    pub fn new(ep: Arc<Endpoint>) -> Self {
+        SimBus { ep }
     }
 
     async fn produce(&self, key: &str, payload: &[u8]) -> PortResult<()> {
@@ -688,11 +745,12 @@ impl OrderBus for SimBus {
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<SimSource> {
-        let (i, k) = self.member;
         Ok(SimSource {
             ep: self.ep.clone(),
             group: group.to_string(),
-            owned: (0..self.partitions).filter(|p| p % k == i).collect(),
+            member: format!("member-{:016x}", madsim::rand::thread_rng().gen::<u64>()),
+            generation: None,
+            owned: Vec::new(),
             positions: BTreeMap::new(),
         })
     }
@@ -701,6 +759,9 @@ impl OrderBus for SimBus {
 pub struct SimSource {
     ep: Arc<Endpoint>,
     group: String,
+    member: String,
+    /// The generation `owned` was assigned in (`None` before the first heartbeat).
+    generation: Option<u64>,
     owned: Vec<u32>,
     /// Next offset per owned partition; empty after a rewind (re-read from committed).
     positions: BTreeMap<u32, u64>,
@@ -709,6 +770,21 @@ pub struct SimSource {
 impl OrderSource for SimSource {
     async fn poll(&mut self, max: usize) -> PortResult<Vec<Delivery>> {
         let kafka = addr(rpc::KAFKA);
+        let sync = rpc::GroupSync {
+            group: self.group.clone(),
+            member: self.member.clone(),
+        };
+        let (generation, owned) = self
+            .ep
+            .call_timeout(kafka, sync, STORE_TIMEOUT)
+            .await
+            .map_err(|e| lost("poll", e))?;
+        if self.generation != Some(generation) {
+            // Rebalanced: the partitions may have changed hands; read on from the commits.
+            self.generation = Some(generation);
+            self.owned = owned;
+            self.positions.clear();
+        }
         let mut out = Vec::new();
         // Positions move only when the whole poll succeeds: records fetched from one partition
         // before another partition's request failed are not returned, so they must come again.
@@ -764,13 +840,16 @@ impl OrderSource for SimSource {
         for (partition, offset) in upto {
             let req = rpc::Commit {
                 group: self.group.clone(),
+                member: self.member.clone(),
+                generation: self.generation.unwrap_or(0),
                 partition,
                 offset,
             };
             self.ep
                 .call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT)
                 .await
-                .map_err(|e| lost("commit", e))?;
+                .map_err(|e| lost("commit", e))?
+                .map_err(|refused| PortError::determinate("commit", refused))?;
         }
         Ok(())
     }

@@ -10,7 +10,9 @@
 use crate::faults::Faults;
 use crate::nodes::{consumer_main, engine_main, EngineParams, GROUP};
 use crate::rpc::{self, engine_addr};
-use crate::stores::{serve_kafka, serve_ledger, serve_redis, KafkaLog, LedgerLog, Persistence, RedisStore};
+use crate::stores::{
+    serve_kafka, serve_ledger, serve_redis, KafkaLog, LedgerLog, Persistence, RedisStore, SESSION_TIMEOUT,
+};
 use crate::SIM_EPOCH_MS;
 use madsim::net::{Endpoint, NetSim};
 use madsim::rand::{thread_rng, Rng};
@@ -108,12 +110,16 @@ enum Fault {
     EnginePause,
     /// A jobs node stops past its recovery claim's lease, then goes on where it was.
     JobsPause,
+    /// A worker stops past the group's session timeout, then goes on where it was: its
+    /// partitions went to another member meanwhile, and its late commit is refused.
+    ConsumerPause,
 }
 
 // Unknown commits and crashes weigh double: they are what redeliver records mid-stream.
 const CONSUMER_FAULTS: &[Fault] = &[
     Fault::ConsumerCrash,
     Fault::ConsumerCrash,
+    Fault::ConsumerPause,
     Fault::LedgerLockWait,
     Fault::LedgerCommitUnknown,
     Fault::LedgerCommitUnknown,
@@ -136,6 +142,7 @@ const PRODUCER_FAULTS: &[Fault] = &[
 ];
 const ALL_FAULTS: &[Fault] = &[
     Fault::ConsumerCrash,
+    Fault::ConsumerPause,
     Fault::JobsCrash,
     Fault::LedgerLockWait,
     Fault::LedgerCommitUnknown,
@@ -651,7 +658,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
             }
             let f = faults.clone();
             jobs_node
-                .init(move || crate::nodes::jobs_main(addr, i, PARTITIONS, f.clone()))
+                .init(move || crate::nodes::jobs_main(addr, i, f.clone()))
                 .build()
         })
         .collect();
@@ -666,7 +673,6 @@ pub async fn world(cfg: SimConfig) -> RunReport {
                     engine_main(EngineParams {
                         addr,
                         activity: act.clone(),
-                        partitions: PARTITIONS,
                         wall_ms: SIM_EPOCH_MS.saturating_add_signed(skew),
                     })
                 })
@@ -678,10 +684,9 @@ pub async fn world(cfg: SimConfig) -> RunReport {
             let addr: SocketAddr = format!("10.0.2.{}:9000", i + 1)
                 .parse()
                 .expect("consumer address");
-            let of = cfg.consumers as u32;
             let (f, batch) = (faults.clone(), cfg.consumer_batch);
             node(&format!("consumer-{i}"), &addr.ip().to_string())
-                .init(move || consumer_main(addr, i as u32, of, PARTITIONS, batch, f.clone()))
+                .init(move || consumer_main(addr, i as u32, batch, f.clone()))
                 .build()
         })
         .collect();
@@ -1026,11 +1031,38 @@ impl World {
         if kinds.is_empty() {
             return;
         }
+        // Aimed faults of the operator scenario, before the random ones: a pause at once, while
+        // the sale is at its busiest (what a stale API process sells after it is the point), and
+        // a Redis loss with a long pause right behind it, so that the recovery's reopen falls
+        // inside the pause (it must leave the gates paused).
+        let mut aimed: Vec<(Fault, Duration)> = if self.cfg.scenario == Scenario::Operator {
+            vec![
+                (
+                    Fault::OperatorPause,
+                    Duration::from_millis(thread_rng().gen_range(30..300)),
+                ),
+                (Fault::RedisRestartVolatile, Duration::ZERO),
+                (
+                    Fault::OperatorPause,
+                    Duration::from_millis(thread_rng().gen_range(500..1_000)),
+                ),
+            ]
+        } else {
+            Vec::new()
+        };
+        aimed.reverse();
         loop {
-            tokio::time::sleep(Duration::from_millis(
-                thread_rng().gen_range(self.cfg.scenario.pace()),
-            ))
-            .await;
+            let (fault, hold) = match aimed.pop() {
+                Some(next) => next,
+                None => {
+                    tokio::time::sleep(Duration::from_millis(
+                        thread_rng().gen_range(self.cfg.scenario.pace()),
+                    ))
+                    .await;
+                    let fault = kinds[thread_rng().gen_range(0..kinds.len())];
+                    (fault, Duration::from_millis(thread_rng().gen_range(30..300)))
+                }
+            };
             // L2 is about selling everything once healed: the skewed run heals halfway through
             // the sale, while buyers are still there.
             if self.cfg.scenario == Scenario::Skewed
@@ -1040,8 +1072,6 @@ impl World {
                     .event("nemesis done: healed while the sale goes on".into());
                 return;
             }
-            let fault = kinds[thread_rng().gen_range(0..kinds.len())];
-            let hold = Duration::from_millis(thread_rng().gen_range(30..300));
             self.inject(fault, hold).await;
         }
     }
@@ -1103,6 +1133,13 @@ impl World {
                 let hold = Duration::from_millis(thread_rng().gen_range(2_000..6_000));
                 let (w, id) = (self.clone(), pick(&self.jobs_nodes));
                 let task = tokio::spawn(async move { w.pause_for(id, "jobs_pause", hold).await });
+                self.background.lock().expect("background").push(task);
+            }
+            Fault::ConsumerPause => {
+                // Past the session timeout: the group rebalances without it.
+                let hold = SESSION_TIMEOUT + Duration::from_millis(thread_rng().gen_range(200..1_500));
+                let (w, id) = (self.clone(), pick(&self.consumers));
+                let task = tokio::spawn(async move { w.pause_for(id, "consumer_pause", hold).await });
                 self.background.lock().expect("background").push(task);
             }
             Fault::PacketLoss => {
@@ -1318,8 +1355,20 @@ impl World {
         let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
         let mut quiet = 0;
         let mut why = String::new();
+        let operated = self.cfg.scenario.faults().contains(&Fault::OperatorPause);
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
+            // An operator's pause still in flight when the nemesis stopped can land after the
+            // heal's resume (its caller gave up, the API node carried on): the operator sees the
+            // registry paused and resumes again, as one would.
+            if operated {
+                let intent = self.god.ledger.registry(ACTIVITY).await.expect("in-process");
+                if intent.is_some_and(|r| r.intent.state != seckill_engine::domain::ActivityState::Open) {
+                    self.faults
+                        .event("operator: the registry is not open after the heal".into());
+                    self.resume().await;
+                }
+            }
             why = self.unsettled().await;
             quiet = if why.is_empty() { quiet + 1 } else { 0 };
             if quiet >= 3 {
