@@ -278,7 +278,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         .collect();
     let ids: BTreeSet<_> = open.iter().map(|r| r.id).collect();
     let held_ids = ledger.reconcile_view(plan.activity, &ids).await?.held;
-    let mut rescued = 0u64;
+    let (mut rescued, mut unknown) = (0u64, 0u64);
     #[cfg(madsim)]
     let drop_outbox = crate::planted::on(crate::planted::Bug::RebuildDropsOutbox);
     #[cfg(not(madsim))]
@@ -293,26 +293,36 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     for round in rescue.chunks(RESCUE_IN_FLIGHT) {
         let results = futures::future::join_all(round.iter().map(|r| async {
             if !cache.adopt(r).await? {
-                return Ok(false); // settled or released meanwhile
+                return Ok(None); // settled or released meanwhile
             }
             let stamped = Reservation {
                 generation: registry.intent.generation,
                 ..(*r).clone()
             };
             match bus.publish(&stamped).await {
-                Ok(()) => Ok(true),
-                // It may be stored: the drain below tells, and the rebuild refuses if it was not.
-                Err(e) if e.is_indeterminate() => Ok(true),
+                Ok(()) => Ok(Some(true)),
+                // It may be stored, and may be stored late (the broker's ack was lost, the write
+                // goes on): waited out below like the purchases' publishes were.
+                Err(e) if e.is_indeterminate() => Ok(Some(false)),
                 Err(e) => Err(e),
             }
         }))
         .await;
         for r in results {
-            rescued += u64::from(r?);
+            if let Some(acked) = r? {
+                rescued += 1;
+                unknown += u64::from(!acked);
+            }
         }
         held.keep_if_due().await?;
     }
     if rescued > 0 && !in_flight_ok {
+        // A rescued record whose publish outcome is unknown can land after a drain that found
+        // the topic empty — and after the bump below, which would refuse it (a unit told
+        // "queued", lost): the publish window first, as for the purchases' (step 4).
+        if unknown > 0 {
+            wait(cfg.quiesce, held).await?;
+        }
         drain(bus, cfg, held).await?;
     }
     held.keep().await?;
