@@ -76,17 +76,18 @@ impl Default for PurchaseConfig {
     }
 }
 
-/// Reservation ids: a random 64-bit prefix per service instance (from the injected RNG) and a
-/// counter — unique across engines without coordination, and no lock on the hot path.
+/// Reservation ids: 128 random bits (DESIGN §12) — unique across engines without coordination
+/// and not guessable from one another (an id is what a cancel names). The generator is seeded
+/// from the injected RNG: the OS's in production, the seed's in the simulation. The lock is held
+/// for one draw.
 struct ReservationIds {
-    prefix: u64,
-    counter: AtomicU64,
+    rng: std::sync::Mutex<rand::rngs::StdRng>,
 }
 
 impl ReservationIds {
     fn next(&self) -> ReservationId {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        ReservationId(((self.prefix as u128) << 64) | n as u128)
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        ReservationId(((rng.next_u64() as u128) << 64) | rng.next_u64() as u128)
     }
 }
 
@@ -171,8 +172,9 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                 clock,
                 config,
                 ids: ReservationIds {
-                    prefix: rng.next_u64(),
-                    counter: AtomicU64::new(0),
+                    rng: std::sync::Mutex::new(
+                        <rand::rngs::StdRng as rand::SeedableRng>::from_rng(rng).expect("an RNG that works"),
+                    ),
                 },
                 activities: RwLock::new(BTreeMap::new()),
             }),
@@ -371,8 +373,19 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         let indeterminate_is_queued = true;
         if e.is_indeterminate() && indeterminate_is_queued {
             // The record may be on the bus: the reservation stays open, the reconciler
-            // republishes it if the ledger never sees it, and the ledger dedupes by id.
-            return (PurchaseOutcome::Queued(reservation), Some(true));
+            // republishes it if the ledger never sees it, and the ledger dedupes by id — as long
+            // as it is still in Redis. One that vanished (Redis lost it while this process was
+            // stalled past the delivery timeout, or it was applied and settled already) has an
+            // outcome this process cannot know: "queued" would be a promise nobody keeps.
+            return match self.inner.cache.adopt(&reservation).await {
+                Ok(false) => (
+                    unavailable(format!(
+                        "order bus: {e}; the reservation is no longer in Redis (check the order's status)"
+                    )),
+                    None,
+                ),
+                Ok(true) | Err(_) => (PurchaseOutcome::Queued(reservation), Some(true)),
+            };
         }
         #[cfg(madsim)]
         let reservation = if crate::planted::on(crate::planted::Bug::ReleaseToRoutedBucket) {

@@ -306,6 +306,27 @@ async fn a_failed_publish_whose_reservation_vanished_is_not_queued() {
     );
 }
 
+/// The same with a publish whose outcome is unknown (a process stalled past the delivery timeout
+/// while Redis lost its data): the reservation the reconciler would republish is gone, so
+/// "queued" would be a promise nobody keeps. (Found by the many-process test with a SIGSTOP and
+/// a Redis restart: a 202 whose user then had no order.)
+#[tokio::test(start_paused = true)]
+async fn an_unknown_publish_whose_reservation_vanished_is_not_queued() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    assert!(
+        matches!(rig.buy(UserId(4)).await, PurchaseOutcome::Queued(_)),
+        "loads the scripts"
+    );
+    rig.bus.knob.set(Mode::LostBefore);
+    let redis = rig.cache.conn().inner.clone();
+    rig.bus.on_publish(move || redis.flush_all());
+    let out = rig.buy(UserId(5)).await;
+    assert!(
+        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("no longer in Redis")),
+        "{out:?}"
+    );
+}
+
 /// A paused gate refuses the reserve even in a process whose cache still says open (the gates,
 /// not the caches, enforce a pause).
 #[tokio::test(start_paused = true)]
