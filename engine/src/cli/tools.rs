@@ -491,21 +491,7 @@ pub fn bench(opts: BenchOptions) -> ExitCode {
         }
         let rows = bench::with_ratios(rows);
         if let Some(path) = &opts.csv {
-            let mut out = String::from("name,ops,ops_per_sec,p50_us,p99_us,ratio,errors,oversold\n");
-            for r in &rows {
-                out += &format!(
-                    "\"{}\",{},{:.1},{},{},{:.4},{},{}\n",
-                    r.name,
-                    r.ops,
-                    r.ops_per_sec,
-                    r.p50_us,
-                    r.p99_us,
-                    r.ratio,
-                    r.errors,
-                    r.oversold.map_or(String::new(), |o| o.to_string())
-                );
-            }
-            std::fs::write(path, out).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+            bench::write_csv(&rows, path).map_err(|e| format!("--csv {}: {e}", path.display()))?;
         }
         if let Some(path) = &opts.plot {
             bench::plot(&rows, path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
