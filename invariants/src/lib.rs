@@ -76,6 +76,23 @@ pub enum OrderStatus {
 }
 
 impl OrderStatus {
+    pub const ALL: [OrderStatus; 4] = [
+        OrderStatus::Created,
+        OrderStatus::Paid,
+        OrderStatus::Cancelled,
+        OrderStatus::Failed,
+    ];
+
+    /// The name it is stored and answered under (its serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Created => "created",
+            OrderStatus::Paid => "paid",
+            OrderStatus::Cancelled => "cancelled",
+            OrderStatus::Failed => "failed",
+        }
+    }
+
     /// Created and paid orders hold stock; cancelled ones gave it back; failed ones never had it.
     pub fn holds_stock(self) -> bool {
         matches!(self, OrderStatus::Created | OrderStatus::Paid)

@@ -58,18 +58,10 @@ fn determinate(op: &'static str) -> impl Fn(sqlx::Error) -> PortError {
 }
 
 fn parse_status(s: &str) -> PortResult<OrderStatus> {
-    Ok(match s {
-        "created" => OrderStatus::Created,
-        "paid" => OrderStatus::Paid,
-        "cancelled" => OrderStatus::Cancelled,
-        "failed" => OrderStatus::Failed,
-        other => {
-            return Err(PortError::determinate(
-                "read order",
-                format!("unknown status {other:?}"),
-            ))
-        }
-    })
+    OrderStatus::ALL
+        .into_iter()
+        .find(|x| x.as_str() == s)
+        .ok_or_else(|| PortError::determinate("read order", format!("unknown status {s:?}")))
 }
 
 fn kind_str(k: JournalKind) -> &'static str {

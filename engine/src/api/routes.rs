@@ -621,16 +621,6 @@ fn no_order() -> ApiError {
     .field("reservation")
 }
 
-fn status_name(s: crate::ports::OrderStatus) -> &'static str {
-    use crate::ports::OrderStatus::*;
-    match s {
-        Created => "created",
-        Paid => "paid",
-        Cancelled => "cancelled",
-        Failed => "failed",
-    }
-}
-
 /// The payment provider's signed callback: the only way an order becomes paid (DESIGN §12).
 async fn payment_callback<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
@@ -682,7 +672,7 @@ async fn payment_callback<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "not_payable",
-                format!("the order is {}; no stock moved", status_name(s)),
+                format!("the order is {}; no stock moved", s.as_str()),
             )
             .field("reservation_id")),
         ),
@@ -726,7 +716,7 @@ async fn cancel_order<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         CancelOutcome::NotCancellable(s) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_cancellable",
-            format!("the order is {}", status_name(s)),
+            format!("the order is {}", s.as_str()),
         )),
         CancelOutcome::NotFound => Err(no_order()),
     }
