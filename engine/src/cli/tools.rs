@@ -3,12 +3,12 @@
 //! cannot explain), 2 the command could not run (bad settings, a store unreachable).
 
 use crate::adapters::mysql::{MysqlConfig, MysqlLedger};
-use crate::backend::{RealBackend, RealSettings, ORDER_GROUP};
+use crate::backend::{RealBackend, RealSettings};
 use crate::domain::{ActivityId, StockPlan};
 use crate::jobs::{self, ReconcileConfig};
 use crate::ports::{Ledger, OrderBus};
 use crate::service::audit;
-use seckill_invariants::{self as inv, Invariant};
+use seckill_invariants::Invariant;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -90,13 +90,10 @@ pub fn audit(id: u64, json: bool) -> ExitCode {
     run(async move {
         let real = connect().await?;
         let plan = load(&real, ActivityId(id)).await?;
-        let lag = real.bus.lag(ORDER_GROUP).await.map_err(|e| e.to_string())?;
-        let snap = audit::snapshot(&real.cache, &real.ledger, &plan)
+        let audit = audit::audit(&real.cache, &real.ledger, &real.bus, &plan)
             .await
             .map_err(|e| e.to_string())?;
-        // R1 only holds at rest: while the consumer group has records to apply, Redis is ahead.
-        let quiescent = lag == 0;
-        let violations = audit::check(&snap, quiescent);
+        let (lag, quiescent, violations) = (audit.consumer_lag, audit.r1_checked, &audit.violations);
         let checked: Vec<Invariant> = [
             Invariant::S1NoOversell,
             Invariant::S2OneOrderPerUser,
@@ -109,9 +106,12 @@ pub fn audit(id: u64, json: bool) -> ExitCode {
             let value = serde_json::json!({
                 "activity": id,
                 "consumer_lag": lag,
+                "transfers_in_flight": audit.transfers_in_flight,
+                "cancels_in_flight": audit.cancels_in_flight,
+                "open_reservations": audit.open_reservations,
                 "checked": checked.iter().map(|i| i.code()).collect::<Vec<_>>(),
                 "violations": violations,
-                "verdict": inv::verdict(&violations),
+                "verdict": audit.verdict(),
             });
             println!("{value}");
         } else {
@@ -119,7 +119,7 @@ pub fn audit(id: u64, json: bool) -> ExitCode {
                 "activity {id}: {} units in {} buckets + fallback, {} orders, consumer lag {lag}",
                 plan.total_stock,
                 plan.buckets(),
-                snap.orders.len()
+                audit.snapshot.orders.len()
             );
             for i in &checked {
                 let broken: Vec<_> = violations.iter().filter(|v| v.invariant == *i).collect();
@@ -134,11 +134,13 @@ pub fn audit(id: u64, json: bool) -> ExitCode {
             }
             if !quiescent {
                 println!(
-                    "{:<34} not checked: {lag} records not yet applied",
-                    Invariant::R1Reconciled.to_string()
+                    "{:<34} not checked: {lag} records not yet applied, {} transfers and {} cancels half-way",
+                    Invariant::R1Reconciled.to_string(),
+                    audit.transfers_in_flight,
+                    audit.cancels_in_flight
                 );
             }
-            println!("invariants: {}", inv::verdict(&violations));
+            println!("invariants: {}", audit.verdict());
         }
         Ok(if violations.is_empty() {
             ExitCode::SUCCESS

@@ -14,9 +14,9 @@
 //! a recovery is under way (a claim, a recovering gate): that is the recovery job's.
 
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
-use crate::ports::{Ledger, OrderBus, PortResult, ReleaseKind, StockCache, Transfer};
+use crate::ports::{CacheBucket, Ledger, OrderBus, PortResult, ReleaseKind, StockCache, Transfer};
 use futures::StreamExt;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 
 /// Actions of one pass in flight at once. After a fault a pass may meet thousands of stale
@@ -92,17 +92,23 @@ pub struct ReconcileReport {
     pub differences: Vec<Difference>,
 }
 
-pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
-    cache: &C,
-    ledger: &L,
-    bus: &B,
-    plan: &StockPlan,
-    now_ms: u64,
-    cfg: &ReconcileConfig,
-) -> PortResult<ReconcileReport> {
-    let mut report = ReconcileReport::default();
-    // Redis first, then the ledger: the consumer writes the ledger before it settles Redis, so
-    // anything Redis shows closed is already in the later ledger read (no false difference).
+/// Reads of both stores that must agree before a difference is reported. The stores are read
+/// one after the other while the sale goes on: an order reserved after the Redis read and
+/// written before the ledger read shows as a unit too many, and the alert on the metric would
+/// flap during every busy sale. A real difference reads the same every time.
+const CONFIRMING_READS: usize = 3;
+
+/// One read of both stores: Redis, then the ledger.
+struct Read {
+    view: crate::ports::CacheView,
+    db: crate::ports::ReconcileView,
+    open_anywhere: BTreeSet<ReservationId>,
+}
+
+/// Redis first, then the ledger: the consumer writes the ledger before it settles Redis, so
+/// anything Redis shows closed is already in the later ledger read. `None` while Redis has lost
+/// the activity or it is recovering.
+async fn read<C: StockCache, L: Ledger>(cache: &C, ledger: &L, plan: &StockPlan) -> PortResult<Option<Read>> {
     #[cfg(madsim)]
     let resets_stock = crate::planted::on(crate::planted::Bug::ReconcilerResetsStock);
     #[cfg(madsim)]
@@ -125,8 +131,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                 .is_none_or(|g| g.state == ActivityState::Recovering)
     });
     if lost_or_recovering || view.meta.as_ref().is_none_or(|m| m.claim.is_some()) {
-        report.skipped = true;
-        return Ok(report);
+        return Ok(None);
     }
     let open_anywhere: BTreeSet<ReservationId> = view
         .buckets
@@ -147,22 +152,73 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     let db = early_ledger.map_or(db, |early| {
         crate::ports::ReconcileView::of(&early.orders, &mentioned)
     });
-    let held = &db.held;
-    let mut cancelled_in: BTreeMap<BucketNo, Vec<&Reservation>> = BTreeMap::new();
-    for r in &db.cancelled {
-        cancelled_in.entry(r.bucket).or_default().push(r);
+    Ok(Some(Read {
+        view,
+        db,
+        open_anywhere,
+    }))
+}
+
+impl Read {
+    /// A cancelled order of bucket `b` whose units the ledger took back and Redis has not yet.
+    fn cancels_in_flight<'a>(&'a self, b: &'a CacheBucket) -> impl Iterator<Item = &'a Reservation> {
+        let released: BTreeSet<ReservationId> = b.cancelled_released.iter().copied().collect();
+        self.db.cancelled.iter().filter(move |r| {
+            r.bucket == b.bucket && !released.contains(&r.id) && !self.open_anywhere.contains(&r.id)
+        })
     }
+
+    /// `redis stock + open the ledger lacks + sold + cancels not yet given back − transfers in +
+    /// transfers out − initial`: 0 when the two stores agree on bucket `b`.
+    fn units_off(&self, b: &CacheBucket, plan: &StockPlan) -> i64 {
+        let open_unordered: u64 = b
+            .open
+            .iter()
+            .filter(|r| !self.db.held.contains(&r.id))
+            .map(|r| r.qty as u64)
+            .sum();
+        let cancel_in_flight: u64 = self.cancels_in_flight(b).map(|r| r.qty as u64).sum();
+        let sold = self.db.sold.get(&b.bucket).copied().unwrap_or(0);
+        b.stock.unwrap_or(0) + (open_unordered + sold + cancel_in_flight + b.transfers_out) as i64
+            - (b.transfers_in + plan.initial(b.bucket)) as i64
+    }
+
+    fn differences(&self, plan: &StockPlan) -> Vec<Difference> {
+        self.view
+            .buckets
+            .iter()
+            .map(|b| Difference {
+                activity: plan.activity,
+                bucket: b.bucket,
+                units: self.units_off(b, plan),
+            })
+            .filter(|d| d.units != 0)
+            .collect()
+    }
+}
+
+pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+    now_ms: u64,
+    cfg: &ReconcileConfig,
+) -> PortResult<ReconcileReport> {
+    let mut report = ReconcileReport::default();
+    let Some(first) = read(cache, ledger, plan).await? else {
+        report.skipped = true;
+        return Ok(report);
+    };
+    let (view, held) = (&first.view, &first.db.held);
     let mut actions: Vec<Action> = Vec::new();
     report.open = view.buckets.iter().map(|b| b.open.len() as u64).sum();
     for b in &view.buckets {
-        let stock = b.stock.unwrap_or(0);
-        let mut open_unordered = 0i64;
         for r in &b.open {
             if held.contains(&r.id) {
                 actions.push(Action::Settle(r.clone()));
                 continue;
             }
-            open_unordered += r.qty as i64;
             if now_ms >= r.reserved_at_ms.saturating_add(cfg.republish_after_ms) {
                 #[cfg(madsim)]
                 let r = &if crate::planted::on(crate::planted::Bug::RepublishWithFreshId) {
@@ -181,34 +237,37 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             .iter()
             .filter(|p| now_ms >= p.since_ms.saturating_add(cfg.pending_after_ms))
         {
-            let keep = open_anywhere.contains(&p.reservation) || held.contains(&p.reservation);
+            let keep = first.open_anywhere.contains(&p.reservation) || held.contains(&p.reservation);
             actions.push(Action::Resolve { user: p.user, keep });
         }
         actions.extend(b.transfers_in_flight.iter().cloned().map(Action::Finish));
-        let released: BTreeSet<ReservationId> = b.cancelled_released.iter().copied().collect();
-        let sold = db.sold.get(&b.bucket).copied().unwrap_or(0) as i64;
-        let mut cancel_in_flight = 0i64;
-        for r in cancelled_in.get(&b.bucket).into_iter().flatten() {
-            // Units the ledger took back but Redis has not yet: this pass gives them back.
-            if !released.contains(&r.id) && !open_anywhere.contains(&r.id) {
-                cancel_in_flight += r.qty as i64;
-                actions.push(Action::ReleaseCancelled((*r).clone()));
+        // Units the ledger took back but Redis has not yet: this pass gives them back.
+        actions.extend(first.cancels_in_flight(b).cloned().map(Action::ReleaseCancelled));
+        #[cfg(madsim)]
+        {
+            let units = first.units_off(b, plan);
+            if units != 0 && crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
+                planted_reset(
+                    cache,
+                    plan,
+                    b,
+                    (b.stock.unwrap_or(0) - units).max(0) as u64,
+                    &first.db,
+                )
+                .await;
             }
         }
-        let units = stock + open_unordered + sold + cancel_in_flight - b.transfers_in as i64
-            + b.transfers_out as i64
-            - plan.initial(b.bucket) as i64;
-        #[cfg(madsim)]
-        if units != 0 && crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
-            planted_reset(cache, plan, b, (stock - units).max(0) as u64, &db).await;
+    }
+    report.differences = first.differences(plan);
+    for _ in 1..CONFIRMING_READS {
+        if report.differences.is_empty() {
+            break;
         }
-        if units != 0 {
-            report.differences.push(Difference {
-                activity: plan.activity,
-                bucket: b.bucket,
-                units,
-            });
-        }
+        let again = match read(cache, ledger, plan).await? {
+            Some(r) => r.differences(plan),
+            None => Vec::new(),
+        };
+        report.differences.retain(|d| again.contains(d));
     }
 
     let mut results = futures::stream::iter(actions)

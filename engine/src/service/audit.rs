@@ -1,9 +1,13 @@
 //! Builds the invariants' `Snapshot` of one activity from what the ports show, and checks it.
 //! Shared by `seckill demo`, tests, the simulation and (later) `seckill audit`.
 
-use crate::domain::StockPlan;
-use crate::ports::{CacheView, JournalKind, Ledger, LedgerView, PortResult, StockCache};
+use crate::domain::{ReservationId, StockPlan};
+use crate::ports::{
+    CacheView, JournalKind, Ledger, LedgerView, OrderBus, OrderStatus, PortResult, StockCache,
+};
+use crate::service::consumer::ORDER_GROUP;
 use seckill_invariants::{self as inv, BucketState, OpenReservation, Order, Snapshot, Violation};
+use std::collections::BTreeSet;
 
 pub async fn snapshot<C: StockCache, L: Ledger>(
     cache: &C,
@@ -13,6 +17,80 @@ pub async fn snapshot<C: StockCache, L: Ledger>(
     let redis = cache.snapshot(plan).await?;
     let db = ledger.snapshot(plan.activity).await?;
     Ok(snapshot_of(&redis, &db, plan))
+}
+
+/// An audit of the live stores (`seckill audit`, the admin route): S1–S3 always, R1 only at rest.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Audit {
+    #[serde(skip)]
+    pub snapshot: Snapshot,
+    /// Records of the order topic the consumer group has not applied yet.
+    pub consumer_lag: u64,
+    /// Transfers taken from a bucket and not yet given to the other (the reconciler finishes them).
+    pub transfers_in_flight: usize,
+    /// Cancelled orders whose units the ledger took back and Redis has not yet.
+    pub cancels_in_flight: usize,
+    /// Reservations still in the outbox (R1 counts them; not yet "at rest").
+    pub open_reservations: usize,
+    /// R1 was checked: no lag, no transfer and no cancel half-way (either store is ahead then).
+    pub r1_checked: bool,
+    #[serde(skip)]
+    pub violations: Vec<Violation>,
+}
+
+impl Audit {
+    pub fn verdict(&self) -> String {
+        inv::verdict(&self.violations)
+    }
+
+    /// Units held by created or paid orders.
+    pub fn units_sold(&self) -> u64 {
+        self.snapshot
+            .orders
+            .iter()
+            .filter(|o| o.status.holds_stock())
+            .map(|o| o.qty)
+            .sum()
+    }
+}
+
+pub async fn audit<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+) -> PortResult<Audit> {
+    let consumer_lag = bus.lag(ORDER_GROUP).await?;
+    let redis = cache.snapshot(plan).await?;
+    let db = ledger.snapshot(plan.activity).await?;
+    let open: BTreeSet<ReservationId> = redis
+        .buckets
+        .iter()
+        .flat_map(|b| b.open.iter().map(|r| r.id))
+        .collect();
+    let released: BTreeSet<ReservationId> = redis
+        .buckets
+        .iter()
+        .flat_map(|b| b.cancelled_released.iter().copied())
+        .collect();
+    let cancels_in_flight = db
+        .orders
+        .iter()
+        .filter(|o| o.status == OrderStatus::Cancelled)
+        .filter(|o| !released.contains(&o.reservation.id) && !open.contains(&o.reservation.id))
+        .count();
+    let transfers_in_flight = redis.buckets.iter().map(|b| b.transfers_in_flight.len()).sum();
+    let snapshot = snapshot_of(&redis, &db, plan);
+    let r1_checked = consumer_lag == 0 && transfers_in_flight == 0 && cancels_in_flight == 0;
+    Ok(Audit {
+        violations: check(&snapshot, r1_checked),
+        snapshot,
+        consumer_lag,
+        transfers_in_flight,
+        cancels_in_flight,
+        open_reservations: open.len(),
+        r1_checked,
+    })
 }
 
 /// The snapshot of what Redis and the ledger showed (read however the caller could: through

@@ -457,10 +457,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
     let audit = loop {
         let path = format!("/api/v1/admin/activities/{activity}/audit");
         if let Some((200, audit)) = http(admin[0], "GET", &path, None, ADMIN).await {
-            if audit["r1_checked"] == true
-                && audit["open_reservations"] == 0
-                && audit["verdict"] == "ok"
-            {
+            if audit["r1_checked"] == true && audit["open_reservations"] == 0 && audit["verdict"] == "ok" {
                 break audit;
             }
             assert!(Instant::now() < deadline, "the sale never settled clean: {audit}");
