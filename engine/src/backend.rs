@@ -6,7 +6,7 @@
 use crate::adapters::kafka::{KafkaBus, KafkaConfig};
 use crate::adapters::mysql::{MysqlConfig, MysqlLedger};
 use crate::adapters::redis::{connect_stock_cache, RedisConfig, RedisStockCache};
-use crate::ports::PortError;
+use crate::ports::{OrderBus, PortError};
 
 pub use crate::service::consumer::ORDER_GROUP;
 pub const DEFAULT_TOPIC: &str = "seckill.orders";
@@ -80,9 +80,21 @@ impl RealSettings {
                 format!("{topic:?} is not a Kafka topic name"),
             ));
         }
+        let mut kafka = KafkaConfig::new(&brokers, &topic);
+        let count = |var: &'static str, max: i32, default: i32| match get(var) {
+            None => Ok(default),
+            Some(v) => v
+                .trim()
+                .parse::<i32>()
+                .ok()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| bad(var, format!("{v:?} is not a whole number in 1..={max}"))),
+        };
+        kafka.partitions = count("SECKILL_TOPIC_PARTITIONS", 10_000, kafka.partitions)?;
+        kafka.replication = count("SECKILL_TOPIC_REPLICATION", 32, kafka.replication)?;
         Ok(Some(RealSettings {
             redis,
-            kafka: KafkaConfig::new(&brokers, &topic),
+            kafka,
             mysql: MysqlConfig::new(&db.replacen("mariadb://", "mysql://", 1)),
         }))
     }
@@ -101,6 +113,8 @@ impl RealBackend {
         let cache = connect_stock_cache(&s.redis).await?;
         let bus = KafkaBus::connect(s.kafka.clone())?;
         bus.ensure_topics().await?;
+        // Clears a "known down" the producer may have seen while the broker was starting.
+        bus.probe().await?;
         let ledger = MysqlLedger::connect_lazy(&s.mysql)?;
         ledger.migrate().await?;
         Ok(RealBackend { cache, bus, ledger })
@@ -150,6 +164,25 @@ mod tests {
         let mut topic = full.to_vec();
         topic.push(("SECKILL_TOPIC", "a b"));
         assert_eq!(settings(&topic).unwrap_err().var, "SECKILL_TOPIC");
+        assert_eq!((s.kafka.partitions, s.kafka.replication), (6, 1));
+        let mut shape = full.to_vec();
+        shape.extend([
+            ("SECKILL_TOPIC_PARTITIONS", "24"),
+            ("SECKILL_TOPIC_REPLICATION", "3"),
+        ]);
+        let s = settings(&shape).unwrap().unwrap();
+        assert_eq!((s.kafka.partitions, s.kafka.replication), (24, 3));
+        for (var, value) in [
+            ("SECKILL_TOPIC_PARTITIONS", "0"),
+            ("SECKILL_TOPIC_PARTITIONS", "six"),
+            ("SECKILL_TOPIC_REPLICATION", "-1"),
+        ] {
+            let mut wrong = full.to_vec();
+            wrong.push((var, value));
+            let e = settings(&wrong).unwrap_err();
+            assert_eq!(e.var, var, "{e}");
+            assert!(e.reason.contains(value), "{e}");
+        }
     }
 
     #[test]

@@ -390,6 +390,19 @@ pub trait OrderBus: Clone + Send + Sync + 'static {
     /// Records published but not yet committed by `group` (zero: the topic is drained).
     fn lag(&self, group: &str) -> impl Future<Output = PortResult<u64>> + Send;
 
+    /// Why no broker can be reached right now, as far as this client knows (`None`: reachable,
+    /// or merely slow). Cheap and synchronous: the purchase path asks before every reserve and
+    /// answers 503 instead of reserving units it could not publish (DESIGN §12).
+    fn known_down(&self) -> Option<String> {
+        None
+    }
+
+    /// Ask a broker whether it answers and remember the answer for `known_down` (the API role's
+    /// refresher calls it every period, so a bus that came back is seen without a purchase).
+    fn probe(&self) -> impl Future<Output = PortResult<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Join the consumer group `group`. Positions start at the group's committed offsets, so
     /// whatever a previous member polled but did not commit is delivered again.
     fn subscribe(&self, group: &str) -> impl Future<Output = PortResult<Self::Source>> + Send;

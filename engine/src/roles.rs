@@ -132,7 +132,8 @@ impl<C: StockCache, B: OrderBus, L: Ledger> ApiRole<C, B, L> {
     pub async fn run_refresher(&self, every: std::time::Duration) {
         loop {
             tokio::time::sleep(every).await;
-            if let Err(e) = self.refresh().await {
+            let (refreshed, _) = tokio::join!(self.refresh(), self.bus.probe());
+            if let Err(e) = refreshed {
                 metrics::counter!("seckill_refresh_errors_total").increment(1);
                 tracing::debug!(error = %e, "activity refresh");
             }

@@ -15,14 +15,14 @@ use crate::domain::Reservation;
 use crate::ports::{Delivery, OrderBus, OrderSource, PortError, PortResult};
 use futures::FutureExt;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub struct KafkaConfig {
     pub dlq_topic: String,
     /// Partitions a topic is created with (when we create it).
     pub partitions: i32,
+    /// Replicas of each partition a topic is created with (when we create it).
+    pub replication: i32,
     /// How long a record may wait for the broker's ack before its outcome counts as unknown.
     pub message_timeout: Duration,
     /// How long `poll` waits for the first record before returning an empty batch.
@@ -47,6 +49,7 @@ impl KafkaConfig {
             topic: topic.to_string(),
             dlq_topic: format!("{topic}.dlq"),
             partitions: 6,
+            replication: 1,
             message_timeout: Duration::from_secs(3),
             poll_wait: Duration::from_millis(500),
             request_timeout: Duration::from_secs(5),
@@ -57,7 +60,33 @@ impl KafkaConfig {
 #[derive(Clone)]
 pub struct KafkaBus {
     cfg: Arc<KafkaConfig>,
-    producer: FutureProducer,
+    producer: FutureProducer<Health>,
+    health: Health,
+}
+
+/// Whether the producer can reach a broker, as far as it knows: librdkafka's "all brokers down"
+/// marks the bus down at once; a delivery or a probe that reached a broker marks it up again.
+/// A merely slow broker never marks it down (its publishes time out as "outcome unknown").
+#[derive(Clone, Default)]
+pub struct Health(Arc<Mutex<Option<String>>>);
+
+impl Health {
+    fn set(&self, down: Option<String>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = down;
+    }
+
+    fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl ClientContext for Health {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let KafkaError::Global(RDKafkaErrorCode::AllBrokersDown) = error {
+            self.set(Some(format!("no broker reachable ({reason})")));
+        }
+        tracing::warn!(error = %error, reason, "kafka client error");
+    }
 }
 
 fn client_config(cfg: &KafkaConfig) -> ClientConfig {
@@ -85,18 +114,20 @@ async fn blocking<T: Send + 'static>(
 
 impl KafkaBus {
     pub fn connect(cfg: KafkaConfig) -> PortResult<KafkaBus> {
-        let producer: FutureProducer = client_config(&cfg)
+        let health = Health::default();
+        let producer: FutureProducer<Health> = client_config(&cfg)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.timeout.ms", cfg.message_timeout.as_millis().to_string())
             // Bound the in-process queue: a full queue refuses (Determinate) instead of growing.
             .set("queue.buffering.max.messages", "100000")
             .set("linger.ms", "2")
-            .create()
+            .create_with_context(health.clone())
             .map_err(|e| kafka_err("kafka producer", e))?;
         Ok(KafkaBus {
             cfg: Arc::new(cfg),
             producer,
+            health,
         })
     }
 
@@ -111,11 +142,15 @@ impl KafkaBus {
             .create()
             .map_err(|e| kafka_err("kafka admin", e))?;
         let topics = [
-            NewTopic::new(&self.cfg.topic, self.cfg.partitions, TopicReplication::Fixed(1)),
+            NewTopic::new(
+                &self.cfg.topic,
+                self.cfg.partitions,
+                TopicReplication::Fixed(self.cfg.replication),
+            ),
             NewTopic::new(
                 &self.cfg.dlq_topic,
                 self.cfg.partitions,
-                TopicReplication::Fixed(1),
+                TopicReplication::Fixed(self.cfg.replication),
             ),
         ];
         let opts = AdminOptions::new().operation_timeout(Some(self.cfg.request_timeout));
@@ -149,7 +184,10 @@ impl KafkaBus {
             record = record.headers(h);
         }
         match self.producer.send(record, Duration::ZERO).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.health.set(None);
+                Ok(())
+            }
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 Err(PortError::determinate("publish", "producer queue full"))
             }
@@ -200,6 +238,26 @@ impl OrderBus for KafkaBus {
 
     async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
         self.send(&self.cfg.topic, key, payload, None).await
+    }
+
+    fn known_down(&self) -> Option<String> {
+        self.health.get()
+    }
+
+    /// The topic's metadata through the producer's own client (no client is built per probe).
+    async fn probe(&self) -> PortResult<()> {
+        use rdkafka::producer::Producer;
+        let (producer, topic, timeout) = (
+            self.producer.clone(),
+            self.cfg.topic.clone(),
+            self.cfg.request_timeout,
+        );
+        let answer = blocking("probe", move || {
+            producer.client().fetch_metadata(Some(&topic), timeout).map(drop)
+        })
+        .await;
+        self.health.set(answer.as_ref().err().map(|e| e.to_string()));
+        answer
     }
 
     async fn lag(&self, group: &str) -> PortResult<u64> {

@@ -313,6 +313,10 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         if let Some(answer) = Self::from_memory(&local, user, qty, now) {
             return answer;
         }
+        // Units reserved now could not be published: refuse before anything moves.
+        if let Some(why) = self.inner.bus.known_down() {
+            return Ok(unavailable(format!("the order bus is down: {why}")));
+        }
         let own = local.plan.route(user);
 
         let id = self.inner.ids.next();

@@ -220,6 +220,16 @@ impl OwnKafka {
             let _ = c.wait();
         }
     }
+
+    /// Send the broker's JVM a signal (STOP: it keeps its connections and answers nothing).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("the broker runs").id();
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill -{sig} the broker");
+    }
 }
 
 impl Drop for OwnKafka {
@@ -229,11 +239,14 @@ impl Drop for OwnKafka {
     }
 }
 
-/// Wait until the broker serves metadata again (topic creation is idempotent). A JVM starting
-/// while the rest of the suite loads both cores can take a while: the bound is generous.
+/// Wait until the broker serves metadata again (topic creation is idempotent) and `bus` has seen
+/// it answer (its probe clears a "known down" left by the broker's absence, as the API role's
+/// refresher does every period). A JVM starting while the rest of the suite loads both cores can
+/// take a while: the bound is generous.
 pub async fn until_kafka_answers(bus: &KafkaBus) {
+    use seckill_engine::ports::OrderBus;
     let deadline = Instant::now() + Duration::from_secs(180);
-    while let Err(e) = bus.ensure_topics().await {
+    while let Err(e) = async { bus.ensure_topics().await.and(bus.probe().await) }.await {
         assert!(Instant::now() < deadline, "kafka did not come up: {e}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

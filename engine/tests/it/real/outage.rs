@@ -2,9 +2,11 @@
 //! Each test stops and restarts a server of its own (the shared ones serve the other tests).
 //!
 //! Redis (AOF, fsync always) killed mid-sale: purchases answer Unavailable, nothing moves, and
-//! after the restart the stock is what it was. Kafka (one KRaft node) killed mid-sale: the publish
-//! outcome is unknown, the purchase answers Queued and the reservation stays open in Redis; after
-//! the restart the reconciler republishes it and the order appears in MariaDB.
+//! after the restart the stock is what it was. Kafka (one KRaft node) stopped mid-sale (SIGSTOP: a
+//! slow bus): the publish outcome is unknown, the purchase answers Queued and the reservation stays
+//! open in Redis; once it goes on the reconciler republishes it and the order appears in MariaDB.
+//! Kafka killed (its connections refused: the bus known down): the purchase answers Unavailable
+//! before reserving, and queues again once a probe reached the restarted broker.
 
 use super::{free_port, mysql, redis_single, service, unique_id, until_kafka_answers, OwnKafka};
 use rand::SeedableRng;
@@ -199,10 +201,11 @@ async fn kafka_stopped_leaves_reservations_open_and_orders_appear_after_it_retur
     };
     let before = queued(svc.purchase(a.id(), UserId(1), 1).await);
 
-    broker.kill();
+    broker.signal("STOP");
     let started = Instant::now();
     let during = queued(svc.purchase(a.id(), UserId(2), 1).await);
     eprintln!("queued after {:?} with the broker stopped", started.elapsed());
+    assert_eq!(bus.known_down(), None, "slow, not down");
     let view = cache.snapshot(&plan).await.unwrap();
     let open: BTreeSet<_> = view
         .buckets
@@ -221,7 +224,7 @@ async fn kafka_stopped_leaves_reservations_open_and_orders_appear_after_it_retur
         inv::r1_reconciled(&snap)
     );
 
-    broker.up();
+    broker.signal("CONT");
     until_kafka_answers(&bus).await;
     let later = during.reserved_at_ms + ReconcileConfig::default().republish_after_ms + 1;
     let report = reconcile(&cache, &ledger, &bus, &plan, later, &ReconcileConfig::default())
@@ -247,4 +250,28 @@ async fn kafka_stopped_leaves_reservations_open_and_orders_appear_after_it_retur
         &[before.id.to_string(), during.id.to_string()],
     ));
     assert!(v.is_empty(), "{v:?}");
+
+    // Killed: the client sees every broker connection refused and knows the bus is down.
+    broker.kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bus.known_down().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the bus never knew the broker was gone"
+        );
+        let _ = bus.probe().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stock = cache.snapshot(&plan).await.unwrap();
+    match svc.purchase(a.id(), UserId(3), 1).await {
+        Ok(PurchaseOutcome::Unavailable { reason }) => {
+            assert!(reason.contains("order bus is down"), "{reason}")
+        }
+        other => panic!("expected unavailable: {other:?}"),
+    }
+    assert_eq!(cache.snapshot(&plan).await.unwrap(), stock, "nothing reserved");
+    broker.up();
+    until_kafka_answers(&bus).await;
+    assert_eq!(bus.known_down(), None, "the probe saw it back");
+    queued(svc.purchase(a.id(), UserId(3), 1).await);
 }
