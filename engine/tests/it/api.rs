@@ -855,3 +855,253 @@ async fn the_ledger_plan_is_what_redis_was_warmed_with() {
         StockPlan::new(&h.ledger.activity(ActivityId(1)).await.unwrap().unwrap())
     );
 }
+
+/// Who a matrix request claims to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Nobody,
+    ExpiredJwt,
+    ForgedJwt,
+    /// A valid JWT of a user other than the route's subject.
+    Another,
+    /// A valid JWT of the route's subject (the order's owner, the token's user).
+    Owner,
+    /// The admin token as the bearer.
+    Admin,
+    SignedCallback,
+    ForgedCallback,
+    /// A callback signed with the provider's secret, replayed after its 300-second window.
+    ReplayedCallback,
+}
+
+const EVERYONE: [Who; 9] = [
+    Who::Nobody,
+    Who::ExpiredJwt,
+    Who::ForgedJwt,
+    Who::Another,
+    Who::Owner,
+    Who::Admin,
+    Who::SignedCallback,
+    Who::ForgedCallback,
+    Who::ReplayedCallback,
+];
+
+/// What a route answers whoever asks: the same for everyone, or per identity.
+enum Expect {
+    /// Open by design (the activity view, docs, health, metrics, readiness): identity changes nothing.
+    SameForAll,
+    /// A user route: 401 without a valid JWT, `another` for someone else, `owner` for its user.
+    User { another: u16, owner: u16 },
+    /// An admin route: 401 without a bearer, 403 with another one than the admin token, `ok`
+    /// with it.
+    AdminOnly { ok: u16 },
+    /// The payment callback: only a valid signature within its window counts.
+    Callback,
+}
+
+impl Expect {
+    fn status(&self, who: Who) -> Option<u16> {
+        match (self, who) {
+            (Expect::SameForAll, _) => None,
+            (Expect::User { another, .. }, Who::Another) => Some(*another),
+            (Expect::User { owner, .. }, Who::Owner) => Some(*owner),
+            (Expect::AdminOnly { ok }, Who::Admin) => Some(*ok),
+            (Expect::AdminOnly { .. }, Who::ExpiredJwt | Who::ForgedJwt | Who::Another | Who::Owner) => {
+                Some(403)
+            }
+            (Expect::Callback, Who::SignedCallback) => Some(200),
+            _ => Some(401),
+        }
+    }
+}
+
+/// The authorization matrix (DESIGN §12): every route of both listeners × every identity, each
+/// request against a fresh engine holding one created order (user 7's), with the status it must
+/// answer — and where it refuses, no stock moved in Redis, the ledger or the bus.
+#[tokio::test]
+async fn authorization_matrix_every_route_times_every_identity() {
+    const OWNER: u64 = 7;
+    const BUYER: u64 = 9;
+    let routes: Vec<(&str, &str, Expect)> = vec![
+        (
+            "POST",
+            "/api/v1/activities/1/token",
+            Expect::User {
+                another: 200,
+                owner: 200,
+            },
+        ),
+        // The subject is user 9, whose token the body carries; another user may not spend it.
+        (
+            "POST",
+            "/api/v1/activities/1/purchase",
+            Expect::User {
+                another: 403,
+                owner: 202,
+            },
+        ),
+        ("GET", "/api/v1/activities/1", Expect::SameForAll),
+        (
+            "GET",
+            "/api/v1/activities/1/orders/7",
+            Expect::User {
+                another: 404,
+                owner: 200,
+            },
+        ),
+        (
+            "POST",
+            "/api/v1/orders/{rid}/cancel",
+            Expect::User {
+                another: 404,
+                owner: 200,
+            },
+        ),
+        ("POST", "/api/v1/payments/callback", Expect::Callback),
+        ("GET", "/api/v1/openapi.json", Expect::SameForAll),
+        ("GET", "/healthz", Expect::SameForAll),
+        ("POST", "/api/v1/admin/activities", Expect::AdminOnly { ok: 201 }),
+        (
+            "POST",
+            "/api/v1/admin/activities/1/warmup",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        (
+            "POST",
+            "/api/v1/admin/activities/1/pause",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        (
+            "POST",
+            "/api/v1/admin/activities/1/resume",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        (
+            "POST",
+            "/api/v1/admin/activities/1/close",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        (
+            "POST",
+            "/api/v1/admin/activities/1/reconcile",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        (
+            "GET",
+            "/api/v1/admin/activities/1/audit",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        (
+            "GET",
+            "/api/v1/admin/activities/1/orders/7",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        (
+            "POST",
+            "/api/v1/admin/orders/{rid}/cancel",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        ("GET", "/metrics", Expect::SameForAll),
+        ("GET", "/readyz", Expect::SameForAll),
+    ];
+    let listed: BTreeSet<String> = ROUTES
+        .iter()
+        .chain(ADMIN_ROUTES)
+        .map(|(m, p)| format!("{} {p}", m.to_uppercase()))
+        .collect();
+    let tried: BTreeSet<String> = routes
+        .iter()
+        .map(|(m, p, _)| {
+            let template = p
+                .replace("activities/1", "activities/{id}")
+                .replace("orders/7", "orders/{user}")
+                .replace("{rid}", "{reservation}");
+            format!("{m} {template}")
+        })
+        .collect();
+    assert_eq!(tried, listed, "the matrix covers every route of both listeners");
+
+    let mut cells = 0;
+    for (method, path, expect) in &routes {
+        let mut same: Option<(Who, u16)> = None;
+        for who in EVERYONE {
+            let h = harness();
+            h.open(1, 10).await;
+            let (_, q, _) = h.buy(1, OWNER).await;
+            let rid = q["reservation_id"].as_str().unwrap().to_string();
+            h.drain().await;
+            let token = h.token(1, BUYER).await;
+            let uri = path.replace("{rid}", &rid);
+            let subject = if path.ends_with("/purchase") { BUYER } else { OWNER };
+            let body = if path.ends_with("/purchase") {
+                json!({ "token": token }).to_string()
+            } else if path.ends_with("/callback") {
+                json!({ "payment_id": "pay-1", "reservation_id": rid }).to_string()
+            } else if path.ends_with("/admin/activities") {
+                json!({
+                    "id": 2, "total_stock": 5, "buckets": 1, "fallback_pct": 0,
+                    "start_ms": h.now_ms, "end_ms": h.now_ms + 60_000, "pay_timeout_ms": 60_000,
+                })
+                .to_string()
+            } else {
+                String::new()
+            };
+            let now_s = h.now_ms / 1_000;
+            let jwt = |secret: &[u8], user: u64, exp: u64| {
+                let t = seckill_engine::api::identity::mint(secret, UserId(user), exp, None, None);
+                format!("Bearer {t}")
+            };
+            let sign = |secret: &str, t: u64| {
+                seckill_engine::api::payment::CallbackVerifier::new(secret.as_bytes())
+                    .sign(t, body.as_bytes())
+            };
+            let header: Option<(&str, String)> = match who {
+                Who::Nobody => None,
+                Who::ExpiredJwt => Some(("authorization", jwt(JWT_SECRET.as_bytes(), subject, now_s - 120))),
+                Who::ForgedJwt => Some((
+                    "authorization",
+                    jwt(b"not-the-login-service-0000000000", subject, now_s + 600),
+                )),
+                Who::Another => Some(("authorization", h.jwt(8))),
+                Who::Owner => Some(("authorization", h.jwt(subject))),
+                Who::Admin => Some(AUTH).map(|(k, v)| (k, v.to_string())),
+                Who::SignedCallback => Some(("x-seckill-signature", sign(PAYMENT_SECRET, now_s))),
+                Who::ForgedCallback => Some(("x-seckill-signature", sign("forged-provider-secret", now_s))),
+                Who::ReplayedCallback => Some(("x-seckill-signature", sign(PAYMENT_SECRET, now_s - 301))),
+            };
+            let headers: Vec<(&str, &str)> = header.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let before = h.stock_state(1).await;
+            let body = (!body.is_empty()).then_some(body.as_str());
+            let (status, answer, hs) = at(&h, method, &uri, body, &headers).await;
+            let status = status.as_u16();
+            match expect.status(who) {
+                Some(want) => assert_eq!(status, want, "{method} {path} as {who:?}: {answer}"),
+                None => match same {
+                    None => same = Some((who, status)),
+                    Some((first, s)) => assert_eq!(
+                        status, s,
+                        "{method} {path}: {who:?} got another answer than {first:?}: {answer}"
+                    ),
+                },
+            }
+            if status == 401 {
+                assert!(
+                    answer["error"]["code"].is_string(),
+                    "{method} {path} as {who:?}: {answer}"
+                );
+                if matches!(expect, Expect::User { .. }) {
+                    assert!(hs.contains_key("www-authenticate"), "{method} {path} as {who:?}");
+                }
+            }
+            if status >= 400 {
+                assert_eq!(
+                    h.stock_state(1).await,
+                    before,
+                    "{method} {path} as {who:?} was refused ({status}) and moved stock"
+                );
+            }
+            cells += 1;
+        }
+    }
+    assert_eq!(cells, routes.len() * EVERYONE.len());
+}
