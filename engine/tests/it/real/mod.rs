@@ -139,7 +139,50 @@ pub struct OwnKafka {
 }
 
 impl OwnKafka {
+    /// Format a node on free ports and start it; once listening, it is returned. The ports are
+    /// free when picked, but the JVM binds them seconds later, and an outgoing connection of
+    /// another test may take one meanwhile (the ephemeral range is the same): a node that exits
+    /// before it listens is started again on other ports.
     pub fn start(libs: String) -> OwnKafka {
+        for attempt in 1..=3 {
+            let mut k = Self::format(libs.clone());
+            k.up();
+            match k.listening(Duration::from_secs(120)) {
+                Ok(()) => return k,
+                Err(why) => {
+                    let log = std::fs::read_to_string(k.dir.join("kafka.log")).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                    eprintln!("own kafka, attempt {attempt}: {why}; its stderr ended:");
+                    tail.iter().rev().for_each(|l| eprintln!("  {l}"));
+                }
+            }
+        }
+        panic!("own kafka never listened in three attempts");
+    }
+
+    /// Wait until the broker's port accepts connections; `Err` if the JVM exited first or the
+    /// deadline passed.
+    fn listening(&mut self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                return Err(format!("the broker on port {} exited: {status}", self.port));
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the broker on port {} did not listen within {within:?}",
+                    self.port
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn format(libs: String) -> OwnKafka {
         let (port, controller) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("seckill-test-kafka-{port}"));
         std::fs::create_dir_all(dir.join("data")).unwrap();
@@ -183,14 +226,12 @@ impl OwnKafka {
             "-c",
             &config,
         ]);
-        let mut k = OwnKafka {
+        OwnKafka {
             libs,
             dir,
             port,
             child: None,
-        };
-        k.up();
-        k
+        }
     }
 
     pub fn brokers(&self) -> String {
@@ -208,7 +249,7 @@ impl OwnKafka {
             ])
             .arg(self.dir.join("server.properties"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_file(&self.dir.join("kafka.log")))
             .spawn()
             .expect("start kafka");
         self.child = Some(child);
@@ -229,6 +270,14 @@ impl OwnKafka {
             .status()
             .expect("kill");
         assert!(ok.success(), "kill -{sig} the broker");
+    }
+}
+
+/// Append to `path` (a child's stderr: why a server of a test's own died).
+fn log_file(path: &std::path::Path) -> Stdio {
+    match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        Ok(f) => Stdio::from(f),
+        Err(_) => Stdio::null(),
     }
 }
 

@@ -5,7 +5,8 @@
 //! API process stopped (SIGSTOP) past the producer's delivery timeout, and — once the recovery
 //! after the Redis loss has reopened the sale and a delivery timeout has passed, so the two never
 //! overlap — the Kafka broker stopped and started again. At the end, healed: the
-//! audit is clean (S1–S3, R1), every 202 "queued" is an order its user can see, no request sent
+//! audit is clean (S1–S3, R1), every 202 "queued" is an order its user can see (but for one whose
+//! publish outcome was unknown when Redis lost its outbox entry: counted), no request sent
 //! after the pause returned was queued before the resume, and `/metrics` shows the recovery.
 //!
 //! The test has its own Redis (restarted without persistence), its own Kafka broker (restarted),
@@ -23,6 +24,9 @@ use std::time::{Duration, Instant};
 const ADMIN: &str = "admin-token-processes-0123456789";
 const SECRET: &str = "processes-token-secret-0123456789abcdef";
 const JWT_SECRET: &str = "processes-jwt-secret-0123456789abcdef";
+/// The producer's delivery timeout (`KafkaConfig::new`): a publish not acknowledged by then has
+/// an unknown outcome.
+const DELIVERY_TIMEOUT_MS: u128 = 3_000;
 
 /// A user's JWT, as the login service would issue it.
 fn jwt(user: u64) -> String {
@@ -178,7 +182,8 @@ impl Drop for Volatile {
 /// after a pause returned and before the resume was issued.
 #[derive(Default)]
 struct Seen {
-    queued: Vec<(u64, String)>,
+    /// (user, reservation, sent and answered at ms since the sale began, API process).
+    queued: Vec<(u64, String, u128, u128, usize)>,
     /// Per user: "token 503", "no answer", or the purchase's status.
     answers: std::collections::BTreeMap<String, u64>,
     /// When the pause returned, when the resume was issued (ms since the sale began).
@@ -358,7 +363,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
                                         seen.pause_broken.push(format!("user {user} queued at {got} ms"));
                                     }
                                 }
-                                seen.queued.push((user, rid));
+                                seen.queued.push((user, rid, sent, got, (user as usize) % 3));
                             }
                         })
                     })
@@ -416,6 +421,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
     procs[stop_api].signal("STOP");
     at(7_000).await;
     redis.restart();
+    let redis_lost_at = started.elapsed().as_millis();
     at(9_000).await;
     procs[kill_api].kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -468,8 +474,15 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
     // Every 202 ends in an order its user can see (created, or failed when a process paused
     // across the recovery published it late and the ledger refused its generation).
     let seen = std::mem::take(&mut *seen.lock().unwrap());
-    let mut failed = 0;
-    for (user, rid) in &seen.queued {
+    // A 202 after a publish whose outcome was unknown (answered a delivery timeout or more after
+    // it was sent) lives only in Redis's outbox until the reconciler republishes it: a Redis
+    // restart without persistence before that takes it with everything else only Redis held
+    // (DESIGN §9: L1 "with an exact account" where Redis data is lost). Only such answers may end
+    // without an order, and they are counted.
+    let lost_with_redis =
+        |sent: u128, got: u128| got - sent >= DELIVERY_TIMEOUT_MS && got <= redis_lost_at + 500;
+    let (mut failed, mut lost) = (0, 0);
+    for (user, rid, sent, got, by) in &seen.queued {
         let path = format!("/api/v1/activities/{activity}/orders/{user}");
         let (s, order) = http(api[0], "GET", &path, None, &jwt(*user))
             .await
@@ -478,7 +491,11 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
         match order["state"].as_str() {
             Some("created" | "paid") => assert_eq!(order["reservation_id"], rid.as_str(), "user {user}"),
             Some("failed") => failed += 1,
-            other => panic!("user {user} was told queued ({rid}) and sees {other:?}: {order}"),
+            Some("none") if lost_with_redis(*sent, *got) => lost += 1,
+            other => panic!(
+                "user {user} was told queued ({rid}) by api-{by}, sent at {sent} ms and answered at {got} ms, \
+                 and sees {other:?}: {order}; the audit at rest: {audit}"
+            ),
         }
     }
     assert!(
@@ -505,6 +522,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
     let sold = audit["units_sold"].as_u64().unwrap_or(0);
     println!(
         "processes: seed {seed}: {} users ({:?}), {} queued, {} orders sold, {failed} refused by generation, \
+         {lost} lost with Redis, \
          7 faults, {} s, verdict {}",
         seen.answers.values().sum::<u64>(),
         seen.answers,
