@@ -39,6 +39,9 @@ ci/schemathesis.sh
 step "fuzz: bodies, tokens, JWTs and callback signatures (20 s per target, debug build)"
 ci/fuzz.sh --dev 20
 
+step "deploy/: alert rules (promtool check and unit tests), systemd units (systemd-analyze verify)"
+ci/deploy.sh
+
 step "clippy (--cfg madsim): the engine library with its planted bugs, and the simulation"
 madsim=(--release --config "build.rustflags=['--cfg','madsim']" --target-dir target/sim)
 cargo clippy -p seckill-engine --lib "${madsim[@]}" -- -D warnings
