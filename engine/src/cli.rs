@@ -76,6 +76,10 @@ struct ServeArgs {
     /// SECKILL_ROLES and the file; default all three).
     #[arg(long, value_parser = crate::roles::Roles::parse)]
     roles: Option<crate::roles::Roles>,
+    /// Check the settings (file, environment, flags) as `serve` would, say what would run, and
+    /// exit: 0 when they are good, 2 naming the first bad one. Connects to nothing.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[derive(clap::Args)]
@@ -255,7 +259,13 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(args) => run_demo(args),
-        Command::Serve(args) => tools::serve(args.config, args.listen, args.admin_listen, args.roles),
+        Command::Serve(args) => tools::serve(
+            args.config,
+            args.listen,
+            args.admin_listen,
+            args.roles,
+            args.check_config,
+        ),
         Command::Plan(args) => run_plan(args),
         Command::Load(args) => run_load(args),
         Command::Bench(a) => tools::bench(tools::BenchOptions {

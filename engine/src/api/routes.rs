@@ -940,6 +940,17 @@ pub async fn probe_readiness<C: StockCache, B: OrderBus, L: Ledger, N: NonceStor
         "roles": roles.to_string(), "redis": verdict(&redis), "ledger": verdict(&ledger),
         "bus": verdict(&bus), "activities_loaded": loaded,
     });
+    // Each store this process talks to, up (1) or down (0), for the store-down alerts. An API
+    // process does not probe the bus (it needs none to be ready); it says whether its producer
+    // knows the bus down.
+    for (store, seen) in [("redis", &redis), ("ledger", &ledger), ("bus", &bus)] {
+        let up = match seen {
+            Some(r) => r.is_ok(),
+            None if store == "bus" && roles.api => api.core.bus.known_down().is_none(),
+            None => continue,
+        };
+        metrics::gauge!("seckill_store_up", "store" => store).set(if up { 1.0 } else { 0.0 });
+    }
     let ok = [&redis, &ledger, &bus]
         .iter()
         .all(|r| r.as_ref().is_none_or(|r| r.is_ok()))

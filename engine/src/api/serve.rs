@@ -33,7 +33,7 @@ const READY_EVERY: Duration = Duration::from_secs(1);
 const JOBS_EVERY: Duration = Duration::from_secs(2);
 /// How often the API role prunes its limiters' idle keys.
 const PRUNE_EVERY: Duration = Duration::from_secs(2);
-/// How often the recorder folds recorded histogram samples into its summaries. Until then it
+/// How often the recorder folds recorded histogram samples into its histograms. Until then it
 /// keeps every sample (8 bytes each, three per purchase); `/metrics` folds them too, but a
 /// server nobody scrapes would grow without bound — `install_recorder` leaves upkeep to us.
 const METRICS_UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -57,11 +57,25 @@ fn jobs_config() -> JobsConfig {
     }
 }
 
+/// Bucket bounds (seconds) of every latency histogram: from a Redis round trip to a request
+/// timeout.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
 /// The process-wide Prometheus recorder (installed once; `None` if another recorder won).
+/// Latencies are exported as Prometheus histograms, which add up across processes (a summary's
+/// quantiles do not).
 pub fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
-        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .get_or_init(|| {
+            PrometheusBuilder::new()
+                .set_buckets(LATENCY_BUCKETS)
+                .ok()?
+                .install_recorder()
+                .ok()
+        })
         .clone()
 }
 

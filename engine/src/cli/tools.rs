@@ -195,6 +195,7 @@ pub fn serve(
     listen: Option<std::net::SocketAddr>,
     admin_listen: Option<std::net::SocketAddr>,
     roles: Option<crate::roles::Roles>,
+    check_config: bool,
 ) -> ExitCode {
     use crate::api::config::ServeConfig;
     use crate::api::nonce::RedisNonces;
@@ -267,7 +268,29 @@ pub fn serve(
                     delivery.as_millis()
                 ));
             }
-        } else if cfg.jwt.is_none() {
+        }
+        if check_config {
+            println!(
+                "configuration ok: roles {}, listen {}, admin listen {}, stores {}",
+                cfg.roles,
+                cfg.listen,
+                cfg.admin_listen,
+                match &settings {
+                    Some(s) => format!(
+                        "real (redis: {} node(s){}, kafka {} topic {} x{} partitions, replication {})",
+                        s.redis.urls.len(),
+                        if s.redis.cluster { ", cluster" } else { "" },
+                        s.kafka.brokers,
+                        s.kafka.topic,
+                        s.kafka.partitions,
+                        s.kafka.replication
+                    ),
+                    None => "embedded (not durable)".to_string(),
+                }
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if settings.is_none() && cfg.jwt.is_none() {
             let path = crate::api::identity::dev_secret_path();
             let secret = crate::api::identity::dev_secret(&mut rng)
                 .map_err(|e| format!("the development JWT key {}: {e}", path.display()))?;

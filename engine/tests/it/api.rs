@@ -840,9 +840,11 @@ async fn health_and_metrics() {
     assert!(text.contains("seckill_purchases_total"), "{text}");
     assert!(text.contains("seckill_http_requests_total"), "{text}");
     assert!(
-        text.contains("seckill_reserve_seconds") && text.contains("seckill_publish_seconds"),
-        "{text}"
+        text.contains("seckill_reserve_seconds_bucket{le=")
+            && text.contains("seckill_publish_seconds_bucket{le="),
+        "latencies are histograms (they add up across processes): {text}"
     );
+    assert!(text.contains("seckill_store_up{store=\"redis\"}"), "{text}");
 }
 
 #[tokio::test]

@@ -185,3 +185,73 @@ fn bench_runs_the_strategies_side_by_side_and_counts_oversells() {
     assert_eq!(code, Some(0), "{err}");
     assert!(plan.contains("redis (32 buckets)"), "{plan}");
 }
+
+/// Every systemd unit of `deploy/systemd/`, run as the unit runs it (its `ExecStart` arguments)
+/// with only the settings file's environment, passes `serve --check-config` for its role; a bad
+/// value in that file is refused by name.
+#[test]
+fn the_systemd_units_and_their_settings_pass_check_config() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd");
+    let env_text = std::fs::read_to_string(dir.join("seckill.env.example")).unwrap();
+    let env: Vec<(String, String)> = env_text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (k, v) = l.split_once('=').expect("KEY=value");
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    let check = |args: &[String], env: &[(String, String)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(args)
+            .arg("--check-config")
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let mut roles = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "service") {
+            continue;
+        }
+        let unit = std::fs::read_to_string(&path).unwrap();
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("an ExecStart line");
+        let args: Vec<String> = exec.split_whitespace().skip(1).map(String::from).collect();
+        let role = args.last().unwrap().clone();
+        let (code, out, err) = check(&args, &env);
+        assert_eq!(code, Some(0), "{}: {out}{err}", path.display());
+        assert!(out.contains(&format!("roles {role}")), "{out}");
+        assert!(
+            out.contains("stores real") && out.contains("x24 partitions, replication 3"),
+            "{out}"
+        );
+        roles.push(role);
+    }
+    roles.sort();
+    assert_eq!(roles, ["api", "jobs", "worker"]);
+
+    let mut bad = env.clone();
+    bad.push(("SECKILL_TOPIC_PARTITIONS".into(), "0".into()));
+    let (code, _, err) = check(&["serve".into()], &bad);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("SECKILL_TOPIC_PARTITIONS"), "{err}");
+    let short: Vec<(String, String)> = env
+        .iter()
+        .filter(|(k, _)| k != "SECKILL_JWT_SECRET")
+        .cloned()
+        .collect();
+    let (code, _, err) = check(&["serve".into()], &short);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("jwt_secret"), "{err}");
+}
