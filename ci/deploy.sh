@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What can be checked of deploy/ on a machine without a container engine or a cluster:
-# the Prometheus alert rules (promtool check + unit tests) and the systemd units (systemd-analyze
-# verify, against the release binary). Installs Debian's prometheus package for promtool when it
-# is missing.
+# the Prometheus alert rules (promtool check + unit tests), the systemd units (systemd-analyze
+# verify, against the release binary), and that the Dockerfile's runtime stage installs every
+# package the release binary's shared libraries come from. Installs Debian's prometheus package
+# for promtool when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,5 +36,16 @@ fi
 for unit in deploy/systemd/*.service; do
   role=$(basename "$unit" .service); role=${role#seckill-}
   grep -q -- "--roles $role\$" "$unit" || { echo "$unit does not run the role $role" >&2; exit 1; }
+done
+say "image: the runtime stage installs every package the binary's shared libraries come from"
+runtime=$(awk '/^FROM .* AS runtime/ {on=1} on' deploy/Dockerfile | tr -d '\\' | tr '\n' ' ')
+for lib in $(ldd "$bin" | awk '/=> \// {print $3} /^\t\/lib/ {print $1}'); do
+  pkg=$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null || true)
+  pkg=${pkg%%:*}
+  [ -n "$pkg" ] || { echo "no Debian package owns $lib" >&2; exit 1; }
+  case " $runtime " in
+    *" $pkg "*) ;;
+    *) echo "deploy/Dockerfile: the runtime stage does not install $pkg (for $lib)" >&2; exit 1 ;;
+  esac
 done
 say "ok"
