@@ -248,12 +248,7 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
             _ => report.orders_created += 1,
         }
     }
-    report.units_sold = snap
-        .orders
-        .iter()
-        .filter(|o| o.status.holds_stock())
-        .map(|o| o.qty)
-        .sum();
+    report.units_sold = snap.units_sold();
     report.units_left_in_redis = snap.buckets.iter().filter_map(|b| b.redis_stock).sum();
     let mut violations = audit::check(&snap, true);
     violations.extend(inv::l1_queued_resolved(&snap, &queued));

@@ -24,6 +24,17 @@ pub struct Snapshot {
     pub orders: Vec<Order>,
 }
 
+impl Snapshot {
+    /// Units held by the ledger's created and paid orders.
+    pub fn units_sold(&self) -> u64 {
+        self.orders
+            .iter()
+            .filter(|o| o.status.holds_stock())
+            .map(|o| o.qty)
+            .sum()
+    }
+}
+
 /// One stock bucket as both stores see it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BucketState {

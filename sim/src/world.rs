@@ -1534,12 +1534,7 @@ impl World {
             faults: self.faults.counters(),
             outcomes: history.outcomes.clone(),
             queued: history.queued.len() as u64,
-            units_sold: snap
-                .orders
-                .iter()
-                .filter(|o| o.status.holds_stock())
-                .map(|o| o.qty)
-                .sum(),
+            units_sold: snap.units_sold(),
             sim_ms: self.faults.elapsed().as_millis() as u64,
             trace: self.faults.trace(),
         }

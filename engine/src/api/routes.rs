@@ -894,7 +894,7 @@ async fn admin_audit<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         .map_err(store_error)?;
     let mut body = serde_json::to_value(&audit).expect("plain data");
     body["activity"] = json!(a.0);
-    body["units_sold"] = json!(audit.units_sold());
+    body["units_sold"] = json!(audit.snapshot.units_sold());
     body["verdict"] = json!(audit.verdict());
     body["violations"] = json!(audit.violations.iter().map(|v| v.to_string()).collect::<Vec<_>>());
     Ok(Json(body))

@@ -42,16 +42,6 @@ impl Audit {
     pub fn verdict(&self) -> String {
         inv::verdict(&self.violations)
     }
-
-    /// Units held by created or paid orders.
-    pub fn units_sold(&self) -> u64 {
-        self.snapshot
-            .orders
-            .iter()
-            .filter(|o| o.status.holds_stock())
-            .map(|o| o.qty)
-            .sum()
-    }
 }
 
 pub async fn audit<C: StockCache, L: Ledger, B: OrderBus>(
