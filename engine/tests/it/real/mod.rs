@@ -146,7 +146,7 @@ impl OwnKafka {
     pub fn start(libs: String) -> OwnKafka {
         for attempt in 1..=3 {
             let mut k = Self::format(libs.clone());
-            k.up();
+            k.spawn();
             match k.listening(Duration::from_secs(120)) {
                 Ok(()) => return k,
                 Err(why) => {
@@ -238,7 +238,20 @@ impl OwnKafka {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Start the node again on its ports (after `kill`) and wait until it listens; a JVM that
+    /// exits first is started again.
     pub fn up(&mut self) {
+        for attempt in 1..=3 {
+            self.spawn();
+            match self.listening(Duration::from_secs(120)) {
+                Ok(()) => return,
+                Err(why) => eprintln!("own kafka restart, attempt {attempt}: {why}"),
+            }
+        }
+        panic!("own kafka on port {} never listened again", self.port);
+    }
+
+    fn spawn(&mut self) {
         let child = Command::new("java")
             .args([
                 "-Xms128m",
