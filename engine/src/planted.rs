@@ -46,10 +46,14 @@ pub enum Bug {
     GateNotChecked,
     /// The ledger applies orders of any generation.
     NoGenerationCheck,
+    /// Recovery without the fence: a runner goes on past another runner's live claim, and
+    /// rebuilds and reopens buckets whose gates another claim closed (it closes them again
+    /// under its own fence first, as a gate script that ignored the fence would let it).
+    RecoveryWithoutFence,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 18] = [
+    pub const ALL: [Bug; 19] = [
         Bug::NonAtomicReserve,
         Bug::AckBeforeCommit,
         Bug::ReleaseToRoutedBucket,
@@ -68,6 +72,7 @@ impl Bug {
         Bug::ReopenOverPause,
         Bug::GateNotChecked,
         Bug::NoGenerationCheck,
+        Bug::RecoveryWithoutFence,
     ];
 
     pub fn name(self) -> &'static str {
@@ -90,6 +95,7 @@ impl Bug {
             Bug::ReopenOverPause => "reopen_over_pause",
             Bug::GateNotChecked => "gate_not_checked",
             Bug::NoGenerationCheck => "no_generation_check",
+            Bug::RecoveryWithoutFence => "recovery_without_fence",
         }
     }
 

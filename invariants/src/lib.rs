@@ -124,6 +124,11 @@ pub enum Invariant {
     /// issued (DESIGN §11.2), whatever process the request reached — checked against the
     /// clients' own history.
     S5PauseHolds,
+    /// S6: an open gate carries the registry's current generation (DESIGN §11.3). A recovery
+    /// bumps the generation only while its fence holds every gate closed, and reopens with the
+    /// new one; an open gate of an older generation answers "reserved" for orders the ledger
+    /// already refuses.
+    S6GenerationFenced,
 }
 
 impl Invariant {
@@ -137,6 +142,7 @@ impl Invariant {
             Invariant::L1QueuedResolved => "L1",
             Invariant::L2BoundedUndersell => "L2",
             Invariant::S5PauseHolds => "S5",
+            Invariant::S6GenerationFenced => "S6",
         }
     }
 }
@@ -152,6 +158,7 @@ impl fmt::Display for Invariant {
             Invariant::L1QueuedResolved => "every queued request resolved",
             Invariant::L2BoundedUndersell => "bounded undersell",
             Invariant::S5PauseHolds => "a pause or close holds everywhere",
+            Invariant::S6GenerationFenced => "an open gate carries the current generation",
         };
         write!(f, "{} {}", self.code(), name)
     }
@@ -480,6 +487,35 @@ pub fn l1_nothing_open(s: &Snapshot) -> Vec<Violation> {
         .collect()
 }
 
+/// One gate as read raw from Redis: whether it sells, and the generation it stamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateState {
+    pub bucket: u32,
+    pub open: bool,
+    pub generation: u64,
+}
+
+/// S6: every open gate carries `generation`, the registry's current one, read at the same
+/// instant as the gates. Holds at every moment, not only at quiescence: the bump happens while
+/// the bumping claim holds all gates closed, and each reopen writes the new generation.
+pub fn s6_open_gates_current(gates: &[GateState], generation: u64) -> Vec<Violation> {
+    gates
+        .iter()
+        .filter(|g| g.open && g.generation != generation)
+        .map(|g| {
+            violation(
+                Invariant::S6GenerationFenced,
+                Some(g.bucket),
+                format!(
+                    "the gate is open at generation {} while the registry is at {generation}: \
+                     its reserves answer \"reserved\" for orders the ledger refuses",
+                    g.generation
+                ),
+            )
+        })
+        .collect()
+}
+
 /// R1, its sharpest symptom: no order failed for lack of ledger stock. Redis only reserves what
 /// the ledger still has, so an `OutOfStock` order means Redis promised a unit that did not exist —
 /// expected only after Redis lost data, so callers enable it where Redis loses nothing.
@@ -512,6 +548,22 @@ pub fn verdict(violations: &[Violation]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn s6_flags_only_an_open_gate_of_another_generation() {
+        let gate = |bucket, open, generation| GateState {
+            bucket,
+            open,
+            generation,
+        };
+        assert!(s6_open_gates_current(&[gate(0, true, 3), gate(1, false, 2)], 3).is_empty());
+        let v = s6_open_gates_current(&[gate(0, true, 3), gate(1, true, 2)], 3);
+        assert_eq!(v.len(), 1);
+        assert_eq!(
+            (v[0].invariant, v[0].bucket),
+            (Invariant::S6GenerationFenced, Some(1))
+        );
+    }
 
     /// Two buckets of 5 units; bucket 0 sold 2 (one paid), one open reservation in bucket 1.
     fn healthy() -> Snapshot {

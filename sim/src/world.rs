@@ -269,7 +269,9 @@ impl Scenario {
             Bug::ReconcilerResetsStock => (Scenario::ConsumerFaults, true),
             Bug::GateNotChecked | Bug::ReopenOverPause => (Scenario::Operator, true),
             Bug::WarmupFromPlan => (Scenario::FullLossRestart, true),
-            Bug::RebuildDropsOutbox | Bug::NoGenerationCheck => (Scenario::CompetingRecoveries, true),
+            Bug::RebuildDropsOutbox | Bug::NoGenerationCheck | Bug::RecoveryWithoutFence => {
+                (Scenario::CompetingRecoveries, true)
+            }
         }
     }
 }
@@ -458,6 +460,35 @@ impl GodView {
     async fn snapshot(&self) -> inv::Snapshot {
         let db = self.ledger.snapshot(ACTIVITY).await.expect("in-process");
         audit::snapshot_of(&self.raw_redis(), &db, &self.plan)
+    }
+
+    /// S6 over the gates read raw, against the registry's generation at the same instant (both
+    /// in-process: nothing runs between the two reads).
+    async fn generation_fenced(&self) -> Vec<inv::Violation> {
+        use seckill_engine::adapters::embedded::Value;
+        use seckill_engine::adapters::script::{gate_key, parse_gate};
+        let Some(registered) = self.ledger.registry(ACTIVITY).await.expect("in-process") else {
+            return Vec::new();
+        };
+        let gates: Vec<inv::GateState> = self.redis.read(|ks| {
+            self.plan
+                .all_buckets()
+                .filter_map(|b| match ks.get(gate_key(ACTIVITY, b).as_bytes()) {
+                    Some(Value::Str(s)) => {
+                        let text = std::str::from_utf8(s).expect("the scripts write text");
+                        let g = parse_gate(text)
+                            .unwrap_or_else(|| panic!("bucket {b}: unreadable gate {text:?}"));
+                        Some(inv::GateState {
+                            bucket: b.0,
+                            open: g.state == ActivityState::Open,
+                            generation: g.generation,
+                        })
+                    }
+                    _ => None,
+                })
+                .collect()
+        });
+        inv::s6_open_gates_current(&gates, registered.intent.generation)
     }
 
     /// Every bucket read raw from the Redis model's keyspace — keys and values as DESIGN §4
@@ -778,6 +809,7 @@ impl World {
             tokio::time::sleep(CHECK_EVERY).await;
             let snap = self.god.snapshot().await;
             self.record(self.safety(&snap), Verdict::Safety);
+            self.record(self.god.generation_fenced().await, Verdict::Safety);
             self.watch_claims();
         }
     }
@@ -1483,6 +1515,7 @@ impl World {
     async fn final_checks(&self, drained: bool) {
         let snap = self.god.snapshot().await;
         self.record(self.safety(&snap), Verdict::Safety);
+        self.record(self.god.generation_fenced().await, Verdict::Safety);
         let checks = self.cfg.scenario.checks(self.cfg.jobs);
         let mut live = Vec::new();
         if checks.r1 {

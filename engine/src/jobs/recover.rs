@@ -123,7 +123,7 @@ impl<C: StockCache> Held<'_, C> {
     }
 
     async fn keep(&self) -> PortResult<()> {
-        if self.cache.renew(self.plan, self.fence, self.lease_ms).await? {
+        if self.cache.renew(self.plan, self.fence, self.lease_ms).await? || unfenced() {
             *self.renewed_at.lock().expect("renewed_at") = tokio::time::Instant::now();
             Ok(())
         } else {
@@ -227,7 +227,9 @@ pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
 ) -> PortResult<Result<RecoveryReport, Busy>> {
     let lease_ms = cfg.lease.as_millis().max(1) as u64;
     if let Claim::Busy { fence, ms_left } = cache.claim(plan, fence, lease_ms).await? {
-        return Ok(Err(Busy { fence, ms_left }));
+        if !unfenced() {
+            return Ok(Err(Busy { fence, ms_left }));
+        }
     }
     metrics::counter!("seckill_recovery_runs_total", "activity" => plan.activity.to_string()).increment(1);
     let held = Held {
@@ -344,6 +346,10 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     // under another runner's reopen meanwhile: only the fence keeps it from writing the past).
     #[cfg(madsim)]
     crate::planted::stall(2, Duration::from_millis(3_000)).await;
+    if unfenced() {
+        // Planted: whatever claim closed the gates meanwhile, this runner writes over it.
+        cache.close_gates(plan, fence).await?;
+    }
     let transfers = journaled_transfers(&db.journal);
     for row in &db.buckets {
         let b = row.bucket;
@@ -420,6 +426,9 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         },
         false => target,
     };
+    if unfenced() {
+        cache.close_gates(plan, fence).await?;
+    }
     for b in plan.all_buckets() {
         if !cache.reopen(plan, b, fence, &target).await? {
             return Err(PortError::determinate(
@@ -428,13 +437,21 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
             ));
         }
     }
-    if !cache.finish(plan, fence, &epoch).await? {
+    if !cache.finish(plan, fence, &epoch).await? && !unfenced() {
         return Err(PortError::determinate(
             "recover",
             format!("claim {fence} was taken over before it finished"),
         ));
     }
     Ok(report)
+}
+
+/// Planted (`RecoveryWithoutFence`): this runner ignores other claims and the gates' fences.
+fn unfenced() -> bool {
+    #[cfg(madsim)]
+    return crate::planted::on(crate::planted::Bug::RecoveryWithoutFence);
+    #[cfg(not(madsim))]
+    false
 }
 
 /// The journal's transfers: each id with the bucket it left and the bucket it reached (its two
