@@ -249,7 +249,7 @@ pub fn jobs_role<C: StockCache, B: OrderBus, L: Ledger>(
 /// Count and log a job's failure with its activity.
 fn failed<T>(job: &'static str, activity: ActivityId, r: &PortResult<T>) {
     if let Err(e) = r {
-        metrics::counter!("seckill_job_failures_total", "job" => job, "activity" => activity.to_string())
+        metrics::counter!("seckill_job_failures_total", "job_name" => job, "activity" => activity.to_string())
             .increment(1);
         tracing::warn!(job, activity = %activity, error = %e, "job failed");
     }
@@ -296,6 +296,12 @@ impl<C: StockCache, B: OrderBus, L: Ledger> JobsRole<C, B, L> {
 
     async fn activity_pass(&self, plan: StockPlan) -> ActivityPass {
         let a = plan.activity;
+        // The activity's counters exist from the first pass on, at zero until something happens.
+        for job in ["recovery", "reconcile", "payment_timeout", "rebalance"] {
+            metrics::counter!("seckill_job_failures_total", "job_name" => job, "activity" => a.to_string())
+                .increment(0);
+        }
+        metrics::counter!("seckill_recovery_runs_total", "activity" => a.to_string()).increment(0);
         let fence = jobs::new_fence(&mut *self.fences.lock().unwrap_or_else(|p| p.into_inner()));
         let recovery = jobs::recover_if_needed(
             &self.cache,
@@ -327,6 +333,7 @@ impl<C: StockCache, B: OrderBus, L: Ledger> JobsRole<C, B, L> {
                 metrics::gauge!("seckill_reconcile_differences", "activity" => a.to_string())
                     .set(r.differences.len() as f64);
                 metrics::gauge!("seckill_open_reservations", "activity" => a.to_string()).set(r.open as f64);
+                metrics::gauge!("seckill_stock_remaining", "activity" => a.to_string()).set(r.stock as f64);
             }
         }
         let cancelled = jobs::cancel_unpaid(&self.cache, &self.ledger, &plan, self.clock.now_ms()).await;

@@ -262,6 +262,48 @@ fn requests_counter(route: usize, status: usize) -> &'static metrics::Counter {
     })
 }
 
+/// Every route's 500 and 503 counters, the purchase funnel's outcomes, the rate limiter's scopes
+/// and the payment callbacks' outcomes, at zero from start: an alert or a dashboard query over
+/// a series nothing touched yet answers 0, not "no data".
+pub(super) fn export_at_zero() {
+    for route in 0..ROUTE_COUNT {
+        for status in ["500", "503"] {
+            let i = STATUS_LABELS
+                .iter()
+                .position(|s| *s == status)
+                .expect("a status label");
+            requests_counter(route, i).increment(0);
+        }
+    }
+    for outcome in [
+        "queued",
+        "duplicate",
+        "sold_out",
+        "not_started",
+        "ended",
+        "unavailable",
+        "rate_limited",
+        "token_invalid",
+        "token_used",
+    ] {
+        metrics::counter!("seckill_purchases_total", "outcome" => outcome).increment(0);
+    }
+    for scope in ["ip", "user", "ramp", "global"] {
+        metrics::counter!("seckill_rate_limited_total", "scope" => scope).increment(0);
+    }
+    for outcome in [
+        "paid",
+        "repeated",
+        "double",
+        "after_cancel",
+        "not_payable",
+        "unknown",
+        "bad_signature",
+    ] {
+        metrics::counter!("seckill_payment_callbacks_total", "outcome" => outcome).increment(0);
+    }
+}
+
 /// The body as bytes; a body over the limit (or unreadable) is refused as JSON like every error.
 pub struct RawBody(pub Bytes);
 

@@ -79,6 +79,23 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
         .clone()
 }
 
+/// Every counter and gauge this process's roles export, registered at zero from start, so that
+/// an alert or a dashboard query over one nothing touched yet answers 0 rather than "no data".
+/// (Per-activity series start with the jobs' first pass over the activity.)
+fn export_at_zero(roles: crate::roles::Roles) {
+    super::routes::export_at_zero();
+    metrics::counter!("seckill_http_connections_refused_total").increment(0);
+    metrics::counter!("seckill_refresh_errors_total").increment(0);
+    if roles.worker {
+        crate::service::consumer::BatchReport::default().record();
+        metrics::counter!("seckill_consumer_batch_failures_total").increment(0);
+    }
+    if roles.jobs {
+        metrics::counter!("seckill_job_failures_total", "job_name" => "consumer_lag", "activity" => "all")
+            .increment(0);
+    }
+}
+
 /// The four stores a server runs on.
 pub struct Stores<C, B, L, N> {
     pub cache: C,
@@ -226,6 +243,7 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Running, String> {
     let addr = listener.local_addr().map_err(|e| format!("listen: {e}"))?;
     let admin_addr = admin.local_addr().map_err(|e| format!("admin_listen: {e}"))?;
+    export_at_zero(api.roles);
     if api.roles.api {
         // Load what is registered before the first request is taken, so a process that starts
         // during a sale serves it at once (no "unknown activity" while the refresher starts).
@@ -337,7 +355,7 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
                         Ok(lag) => metrics::gauge!("seckill_consumer_lag").set(lag as f64),
                         // The gauge goes stale while the bus is away: say so, and count it.
                         Err(e) => {
-                            metrics::counter!("seckill_job_failures_total", "job" => "consumer_lag", "activity" => "all")
+                            metrics::counter!("seckill_job_failures_total", "job_name" => "consumer_lag", "activity" => "all")
                                 .increment(1);
                             tracing::warn!(job = "consumer_lag", error = %e, "job failed");
                         }

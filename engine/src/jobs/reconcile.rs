@@ -89,6 +89,8 @@ pub struct ReconcileReport {
     pub failed: u64,
     /// Reservations open in Redis when the pass read it (a gauge for operators).
     pub open: u64,
+    /// Units Redis had left to sell when the pass read it, over all buckets (a gauge).
+    pub stock: u64,
     pub differences: Vec<Difference>,
 }
 
@@ -213,6 +215,11 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     let (view, held) = (&first.view, &first.db.held);
     let mut actions: Vec<Action> = Vec::new();
     report.open = view.buckets.iter().map(|b| b.open.len() as u64).sum();
+    report.stock = view
+        .buckets
+        .iter()
+        .map(|b| b.stock.unwrap_or(0).max(0) as u64)
+        .sum();
     for b in &view.buckets {
         for r in &b.open {
             if held.contains(&r.id) {

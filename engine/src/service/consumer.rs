@@ -137,7 +137,10 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
         let outcomes = if events.is_empty() {
             Vec::new()
         } else {
-            self.ledger.apply(&events).await?
+            let started = tokio::time::Instant::now();
+            let outcomes = self.ledger.apply(&events).await?;
+            metrics::histogram!("seckill_apply_seconds").record(started.elapsed().as_secs_f64());
+            outcomes
         };
         if outcomes.len() != events.len() {
             return Err(PortError::indeterminate(
