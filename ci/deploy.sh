@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # What can be checked of deploy/ on a machine without a container engine or a cluster:
 # the Prometheus alert rules (promtool check + unit tests), the systemd units (systemd-analyze
-# verify, against the release binary), and that the Dockerfile's runtime stage installs every
-# package the release binary's shared libraries come from. Installs Debian's prometheus package
-# for promtool when it is missing.
+# verify, against the release binary), that the Dockerfile's runtime stage installs every
+# package the release binary's shared libraries come from, the Helm chart (helm lint, and
+# `helm template` checked by ci/helm_check.py: each role's environment through
+# `serve --check-config`, probes, ports, selectors), and the dashboard and alerts against a real
+# Prometheus scraping the three roles on the real stores (ci/prometheus.py: needs the settings
+# of ci/services.sh in the environment). Installs Debian's prometheus package when it is
+# missing, and Helm from the Go module proxy into target/tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '[deploy] %s\n' "$*"; }
+HELM_VERSION=v3.22.0
 
 if ! command -v promtool >/dev/null; then
   say "installing prometheus (for promtool)"
@@ -48,4 +53,23 @@ for lib in $(ldd "$bin" | awk '/=> \// {print $3} /^\t\/lib/ {print $1}'); do
     *) echo "deploy/Dockerfile: the runtime stage does not install $pkg (for $lib)" >&2; exit 1 ;;
   esac
 done
+say "helm chart"
+helm=target/tools/bin/helm
+if [ ! -x "$helm" ]; then
+  say "installing helm $HELM_VERSION (go install, from the Go module proxy)"
+  GOBIN="$PWD/target/tools/bin" GOFLAGS=-buildvcs=false go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
+chart=deploy/helm/seckill
+render=(--kube-version 1.30.0 -f "$chart/ci/test-values.yaml")
+"$helm" lint --strict "$chart" "${render[@]}"
+# Without the secrets it refuses to render, naming the value.
+if out=$("$helm" template seckill "$chart" --kube-version 1.30.0 2>&1); then
+  echo "the chart rendered without its secrets" >&2; exit 1
+fi
+grep -q "secrets.adminToken is required" <<<"$out" || { printf '%s\n' "$out" >&2; exit 1; }
+"$helm" template seckill "$chart" "${render[@]}" | python3 ci/helm_check.py "$bin"
+
+say "dashboard and alerts against a real Prometheus scraping every role"
+python3 ci/prometheus.py "$bin"
 say "ok"

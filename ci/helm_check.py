@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Check the Helm chart as rendered (`helm template`, read from stdin) against what the engine
+accepts and what a cluster needs, without a cluster:
+
+- one Deployment per role (api, worker, jobs), each running `serve --roles <role>`;
+- each Deployment's environment, resolved as the kubelet would (the ConfigMap and Secret
+  rendered beside it, the pod IP from the downward API, `$(VAR)` references), passes
+  `seckill serve --check-config` for its role, with nothing else in the environment;
+- the admin listener binds the pod's address (not loopback), the probes reach it on /healthz
+  and /readyz, and the ports named in the probes and Service are the ones the settings bind;
+- the Service, the HPA and the PodDisruptionBudget select the api pods; the NetworkPolicy lets
+  only listed peers reach the admin port; the migration Job runs `migrate` with DATABASE_URL.
+
+    helm template ... | ci/helm_check.py path/to/seckill
+"""
+import re
+import subprocess
+import sys
+
+import yaml
+
+POD_IP = "10.244.3.7"
+
+
+def fail(msg):
+    print(f"helm_check: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def expect(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def main():
+    seckill = sys.argv[1]
+    docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    configmaps = {c["metadata"]["name"]: c.get("data", {}) for c in by_kind.get("ConfigMap", [])}
+    secrets = {s["metadata"]["name"]: s.get("stringData", {}) for s in by_kind.get("Secret", [])}
+
+    deployments = {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d
+                   for d in by_kind.get("Deployment", [])}
+    expect(sorted(deployments) == ["api", "jobs", "worker"],
+           f"one Deployment per role expected, found {sorted(deployments)}")
+
+    for role, dep in deployments.items():
+        name = dep["metadata"]["name"]
+        pod = dep["spec"]["template"]
+        expect(dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items(),
+               f"{name}: the selector does not match its pods")
+        (c,) = pod["spec"]["containers"]
+        expect(c["args"] == ["serve", "--roles", role], f"{name}: runs {c['args']}, not role {role}")
+        env = resolve_env(name, c, configmaps, secrets)
+        out = subprocess.run([seckill, *c["args"], "--check-config"], env=env,
+                             capture_output=True, text=True)
+        expect(out.returncode == 0,
+               f"{name}: serve --check-config refused its settings:\n{out.stdout}{out.stderr}")
+        expect(f"roles {role}" in out.stdout and "stores real" in out.stdout,
+               f"{name}: --check-config says\n{out.stdout}")
+
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        host, port = env["SECKILL_ADMIN_LISTEN"].rsplit(":", 1)
+        expect(host == POD_IP, f"{name}: the admin listener binds {host}, not the pod's address")
+        expect(int(port) == ports["admin"], f"{name}: admin port {port} is not the container's")
+        expect(int(env["SECKILL_LISTEN"].rsplit(":", 1)[1]) == ports["http"],
+               f"{name}: SECKILL_LISTEN is not the container's http port")
+        for probe, path in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"),
+                            ("startupProbe", "/healthz")]:
+            get = c[probe]["httpGet"]
+            expect(get["path"] == path and get["port"] == "admin",
+                   f"{name}: {probe} is {get}, expected {path} on the admin port")
+        sc = c["securityContext"]
+        expect(sc.get("readOnlyRootFilesystem") and not sc.get("allowPrivilegeEscalation"),
+               f"{name}: the container must run read-only without privilege escalation")
+        expect(pod["spec"]["securityContext"].get("runAsNonRoot"), f"{name}: must run as non-root")
+
+    api = deployments["api"]
+    api_labels = api["spec"]["template"]["metadata"]["labels"]
+    (svc,) = by_kind["Service"]
+    selects = lambda sel, d: sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    for role, d in deployments.items():
+        expect(selects(svc["spec"]["selector"], d) == (role == "api"),
+               "the Service must select the api pods and no other")
+    expect([p["targetPort"] for p in svc["spec"]["ports"]] == ["http"], "the Service must target http")
+    (hpa,) = by_kind["HorizontalPodAutoscaler"]
+    expect(hpa["spec"]["scaleTargetRef"]["name"] == api["metadata"]["name"], "the HPA must scale api")
+    expect("replicas" not in api["spec"], "with the HPA on, the api Deployment must leave replicas to it")
+    (pdb,) = by_kind["PodDisruptionBudget"]
+    expect(pdb["spec"]["selector"]["matchLabels"].items() <= api_labels.items(), "the PDB must select api")
+
+    (np,) = by_kind["NetworkPolicy"]
+    admin_rules = [r for r in np["spec"]["ingress"] if any(p["port"] == "admin" for p in r["ports"])]
+    expect(len(admin_rules) == 1 and admin_rules[0].get("from"),
+           "the NetworkPolicy must admit the admin port only from listed peers")
+    for rule in np["spec"]["ingress"]:
+        expect(rule.get("from") or all(p["port"] == "http" for p in rule["ports"]),
+               f"an ingress rule open to all admits more than the public port: {rule}")
+
+    (job,) = by_kind["Job"]
+    (jc,) = job["spec"]["template"]["spec"]["containers"]
+    expect(jc["args"] == ["migrate"], f"the migration Job runs {jc['args']}")
+    expect("pre-install" in job["metadata"]["annotations"]["helm.sh/hook"], "migrations must run before install")
+    ref = next(e["valueFrom"]["secretKeyRef"] for e in jc["env"] if e["name"] == "DATABASE_URL")
+    hook_secret = next(s for s in by_kind["Secret"] if s["metadata"]["name"] == ref["name"])
+    expect("helm.sh/hook" in hook_secret["metadata"].get("annotations", {}),
+           "the migration Job's Secret must exist before the hook runs (a hook itself)")
+    print(f"helm_check: ok ({len(docs)} objects; roles {', '.join(sorted(deployments))})")
+
+
+def resolve_env(name, c, configmaps, secrets):
+    """The container's environment as the kubelet builds it (envFrom first, then env in order)."""
+    env = {}
+    for src in c.get("envFrom", []):
+        if "configMapRef" in src:
+            env.update(configmaps[src["configMapRef"]["name"]])
+        elif "secretRef" in src:
+            env.update(secrets[src["secretRef"]["name"]])
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                                    lambda m: env.get(m.group(1), m.group(0)), e["value"])
+            continue
+        vf = e["valueFrom"]
+        if "fieldRef" in vf:
+            expect(vf["fieldRef"]["fieldPath"] == "status.podIP", f"{name}: unexpected fieldRef {vf}")
+            env[e["name"]] = POD_IP
+        elif "secretKeyRef" in vf:
+            ref = vf["secretKeyRef"]
+            expect(ref["name"] in secrets and ref["key"] in secrets[ref["name"]],
+                   f"{name}: {e['name']} refers to {ref}, which the chart does not render")
+            env[e["name"]] = secrets[ref["name"]][ref["key"]]
+        elif "configMapKeyRef" in vf:
+            ref = vf["configMapKeyRef"]
+            env[e["name"]] = configmaps[ref["name"]][ref["key"]]
+        else:
+            fail(f"{name}: cannot resolve {e}")
+    return {k: str(v) for k, v in env.items()}
+
+
+if __name__ == "__main__":
+    main()
