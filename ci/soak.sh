@@ -38,6 +38,24 @@ bin=target/sim/release/seckill-sim
 out=target/soak/run-$$
 rm -rf "$out"; mkdir -p "$out"
 
+# Progress on stderr while the runs go: runs finished (and failed) so far — redrawn in place on a
+# terminal, a line every 30 s otherwise (CI logs).
+progress() {
+  local start=$SECONDS last=0 n bad line
+  while sleep 1; do
+    n=$(cat "$out"/*.jsonl 2>/dev/null | wc -l || true)
+    bad=$(cat "$out"/*.jsonl 2>/dev/null | grep -vc '"verdict":"ok"' || true)
+    line=$(printf '[soak] %d runs finished, %d with a violation, %d s' "$n" "$bad" $((SECONDS - start)))
+    if [ -t 2 ]; then
+      printf '\r%s' "$line" >&2
+    elif [ $((SECONDS - last)) -ge 30 ]; then
+      printf '%s\n' "$line" >&2; last=$SECONDS
+    fi
+  done
+}
+progress & progress_pid=$!
+trap 'kill $progress_pid 2>/dev/null || true' EXIT
+
 status=0
 if [ -n "$planted" ]; then
   if [ "$planted" = all ]; then bugs=$("$bin" bugs); else bugs=$planted; fi
@@ -70,6 +88,8 @@ else
   cat "$out"/part-*.jsonl | "$bin" summarize || status=$?
 fi
 
+kill "$progress_pid" 2>/dev/null || true
+[ -t 2 ] && printf '\n' >&2
 if [ "$status" -eq 0 ] && [ -z "$planted" ]; then
   rm -rf "$out" # nothing failed: keep nothing
 else

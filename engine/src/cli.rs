@@ -6,6 +6,7 @@ use crate::demo::{self, DemoConfig, DemoReport};
 use crate::domain::ActivityId;
 pub mod bench;
 pub mod load;
+pub mod stages;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -88,8 +89,8 @@ struct LoadArgs {
     #[arg(long, default_value = "http://127.0.0.1:8080", value_parser = crate::cli::load::parse_url)]
     url: std::net::SocketAddr,
     /// The activity to buy from.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    activity: u64,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), required_unless_present = "stages")]
+    activity: Option<u64>,
     /// Distinct users.
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     users: u64,
@@ -117,6 +118,15 @@ struct LoadArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Run the seeds' three load-test stages instead (one API process at its limit; the same
+    /// clicks over 1, 2 and 3 API processes; the full funnel at peak) on the real stores
+    /// (REDIS_URL, KAFKA_BROKERS, DATABASE_URL), starting the API, worker and jobs processes
+    /// itself. `--users`, `--connections`, `--duration` and `--seed` size it.
+    #[arg(long, conflicts_with_all = ["url", "activity", "rate", "skew", "clicks_per_user", "target"])]
+    stages: bool,
+    /// With --stages: also draw the results as a bar chart (PNG).
+    #[arg(long, requires = "stages")]
+    plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -484,9 +494,12 @@ fn run_plan(args: PlanArgs) -> ExitCode {
 
 fn run_load(args: LoadArgs) -> ExitCode {
     use crate::cli::load::{self, LoadConfig, Target};
+    if args.stages {
+        return run_stages(args);
+    }
     let cfg = LoadConfig {
-        addr: args.url,
-        activity: args.activity,
+        addrs: vec![args.url],
+        activity: args.activity.expect("clap requires --activity without --stages"),
         users: args.users,
         connections: args.connections as usize,
         rate: args.rate,
@@ -594,5 +607,66 @@ fn run_load(args: LoadArgs) -> ExitCode {
             ", stopped by --duration"
         }
     );
+    ExitCode::SUCCESS
+}
+
+/// `seckill load --stages`: the three stages on the real stores (see `cli::stages`).
+fn run_stages(args: LoadArgs) -> ExitCode {
+    use crate::cli::stages;
+    let stores: Vec<(String, String)> = ["REDIS_URL", "KAFKA_BROKERS", "DATABASE_URL"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    if stores.len() != 3 {
+        eprintln!("error: --stages needs the real stores: set REDIS_URL, KAFKA_BROKERS and DATABASE_URL");
+        return ExitCode::from(2);
+    }
+    let opts = stages::StagesOptions {
+        users: args.users,
+        connections: args.connections as usize,
+        duration: std::time::Duration::from_secs_f64(args.duration),
+        seed: args.seed,
+    };
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(stages::RUNS);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} stage runs {pos}/{len}  {msg}  {elapsed}")
+                .expect("the template is fixed"),
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+        bar
+    };
+    let runtime = match tools::runtime_multi() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let tick = bar.clone();
+    let result = runtime.block_on(stages::run(&opts, stores, move |msg| {
+        tick.inc(1);
+        tick.set_message(msg.to_string());
+    }));
+    bar.finish_and_clear();
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(path) = &args.plot {
+        let title =
+            "seckill load --stages: purchases per API CPU-second (stages 1, 2); the funnel at peak (3)";
+        if let Err(e) = crate::cli::bench::bar_chart(path, title, &stages::bars(&report), false) {
+            eprintln!("error: --plot: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report).expect("plain data"));
+    } else {
+        print!("{}", stages::table(&report));
+    }
     ExitCode::SUCCESS
 }

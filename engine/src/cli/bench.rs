@@ -668,7 +668,33 @@ pub fn write_csv(rows: &[Row], path: &std::path::Path) -> Result<(), String> {
     w.flush().map_err(|e| e.to_string())
 }
 
+/// The strategies' ops/s as a PNG bar chart, log scale (red: oversold).
 pub fn plot(rows: &[Row], path: &std::path::Path) -> Result<(), String> {
+    let bars: Vec<Bar> = rows
+        .iter()
+        .map(|r| Bar {
+            label: r.name.clone(),
+            value: r.ops_per_sec,
+            bad: r.oversold.unwrap_or(0) > 0,
+        })
+        .collect();
+    bar_chart(
+        path,
+        "seckill bench: ops/s, log scale (red: oversold)",
+        &bars,
+        true,
+    )
+}
+
+/// One bar of a chart: its label, its value, and whether it is drawn red (a failure).
+pub struct Bar {
+    pub label: String,
+    pub value: f64,
+    pub bad: bool,
+}
+
+/// Horizontal bars, one per row, labelled with their values (`log_scale`: lengths by log10).
+pub fn bar_chart(path: &std::path::Path, title: &str, bars: &[Bar], log_scale: bool) -> Result<(), String> {
     use plotters::prelude::*;
     let font = FONT_PATHS
         .iter()
@@ -682,26 +708,24 @@ pub fn plot(rows: &[Row], path: &std::path::Path) -> Result<(), String> {
     )
     .map_err(|_| "the font does not load")?;
     let (w, row_h, label_w, top) = (1400u32, 30u32, 560i32, 50i32);
-    let h = top as u32 + row_h * rows.len() as u32 + 20;
+    let h = top as u32 + row_h * bars.len() as u32 + 20;
     let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| e.to_string();
     root.fill(&WHITE).map_err(err)?;
-    let title = "seckill bench: ops/s, log scale (red: oversold)";
     root.draw(&Text::new(title, (10, 12), ("sans-serif", 22).into_font()))
         .map_err(err)?;
-    let max = rows
-        .iter()
-        .map(|r| r.ops_per_sec)
-        .fold(10.0f64, f64::max)
-        .log10()
-        .ceil();
+    let largest = bars.iter().map(|b| b.value).fold(10.0f64, f64::max);
+    let scale = |v: f64| match log_scale {
+        true => v.max(1.0).log10() / largest.log10().ceil(),
+        false => v.max(0.0) / largest,
+    };
     let bar_w = (w as i32 - label_w - 140) as f64;
-    for (i, r) in rows.iter().enumerate() {
+    for (i, b) in bars.iter().enumerate() {
         let y = top + i as i32 * row_h as i32;
-        let len = (r.ops_per_sec.max(1.0).log10() / max * bar_w).max(1.0) as i32;
-        let color = if r.oversold.unwrap_or(0) > 0 { RED } else { BLUE };
+        let len = (scale(b.value) * bar_w).max(1.0) as i32;
+        let color = if b.bad { RED } else { BLUE };
         root.draw(&Text::new(
-            r.name.clone(),
+            b.label.clone(),
             (10, y + 6),
             ("sans-serif", 16).into_font(),
         ))
@@ -711,7 +735,7 @@ pub fn plot(rows: &[Row], path: &std::path::Path) -> Result<(), String> {
             color.mix(0.7).filled(),
         ))
         .map_err(err)?;
-        let value = format!("{:.0}", r.ops_per_sec);
+        let value = format!("{:.0}", b.value);
         root.draw(&Text::new(
             value,
             (label_w + len + 8, y + 6),

@@ -23,7 +23,8 @@ use tokio::net::TcpStream;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadConfig {
-    pub addr: SocketAddr,
+    /// The servers (loopback): connection `i` goes to `addrs[i % addrs.len()]`.
+    pub addrs: Vec<SocketAddr>,
     pub activity: u64,
     pub users: u64,
     pub connections: usize,
@@ -93,7 +94,7 @@ pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
 
 /// One keep-alive HTTP/1.1 connection. Its buffers are reused from request to request: the
 /// generator shares the machine with the server it measures, so it should cost little per request.
-struct Conn {
+pub(crate) struct Conn {
     addr: SocketAddr,
     io: Option<TcpStream>,
     /// The request being sent.
@@ -101,14 +102,14 @@ struct Conn {
     /// Bytes read and not yet consumed.
     input: Vec<u8>,
     /// The last response's body.
-    body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
 }
 
 /// Responses larger than this are refused (ours are a few hundred bytes).
 const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
 impl Conn {
-    fn new(addr: SocketAddr) -> Conn {
+    pub(crate) fn new(addr: SocketAddr) -> Conn {
         Conn {
             addr,
             io: None,
@@ -120,7 +121,13 @@ impl Conn {
 
     /// Send one request; the status comes back, the body is left in `self.body`.
     /// `bearer`: a user JWT for the `authorization` header (empty: none).
-    async fn request(&mut self, method: &str, path: &str, bearer: &str, body: &str) -> std::io::Result<u16> {
+    pub(crate) async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        bearer: &str,
+        body: &str,
+    ) -> std::io::Result<u16> {
         use std::io::Write;
         if self.io.is_none() {
             let s = TcpStream::connect(self.addr).await?;
@@ -261,11 +268,12 @@ pub async fn run(
     on_answer: impl Fn() + Send + Sync + 'static,
 ) -> Result<LoadReport, String> {
     let buckets = if cfg.target == Target::Purchase {
-        let mut c = Conn::new(cfg.addr);
+        let first = *cfg.addrs.first().ok_or("no server to load")?;
+        let mut c = Conn::new(first);
         let status = c
             .request("GET", &format!("/api/v1/activities/{}", cfg.activity), "", "")
             .await
-            .map_err(|e| format!("--url: cannot reach {}: {e}", cfg.addr))?;
+            .map_err(|e| format!("--url: cannot reach {first}: {e}"))?;
         let body = c.body;
         if status != 200 {
             return Err(format!(
@@ -291,7 +299,7 @@ pub async fn run(
     // Pacing: each connection sends one click per `interval` (the rate split over connections).
     let interval = (cfg.rate > 0).then(|| Duration::from_secs_f64(cfg.connections as f64 / cfg.rate as f64));
     let workers: Vec<_> = (0..cfg.connections)
-        .map(|_| {
+        .map(|i| {
             let (clicks, next, sent, on_answer, cfg) = (
                 clicks.clone(),
                 next.clone(),
@@ -300,7 +308,7 @@ pub async fn run(
                 cfg.clone(),
             );
             tokio::spawn(async move {
-                let mut conn = Conn::new(cfg.addr);
+                let mut conn = Conn::new(cfg.addrs[i % cfg.addrs.len()]);
                 let token_path = format!("/api/v1/activities/{}/token", cfg.activity);
                 let purchase_path = format!("/api/v1/activities/{}/purchase", cfg.activity);
                 let mut out_body = String::with_capacity(256);
@@ -426,7 +434,7 @@ mod tests {
     #[test]
     fn clicks_are_seeded_and_skewed() {
         let cfg = LoadConfig {
-            addr: "127.0.0.1:1".parse().unwrap(),
+            addrs: vec!["127.0.0.1:1".parse().unwrap()],
             activity: 1,
             users: 1_000,
             connections: 1,

@@ -424,9 +424,19 @@ pub fn bench(opts: BenchOptions) -> ExitCode {
             }
         }
         let mut rows: Vec<Row> = Vec::new();
+        // Progress on stderr (drawn only on a terminal): the runs done and the one running.
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} bench: {pos} runs done, running {msg}  {elapsed}",
+            )
+            .expect("the template is fixed"),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
         for s in strategies.into_iter().filter(|s| wanted(&s.name())) {
-            eprintln!("bench: {}", s.name());
+            bar.set_message(s.name());
             rows.push(bench::measure(s, opts.duration, opts.concurrency).await?);
+            bar.inc(1);
         }
         // The engine's reserve path against the raw script: fresh activities, ample stock.
         let engine_pair: [Arc<dyn Strategy>; 2] = [
@@ -456,10 +466,11 @@ pub fn bench(opts: BenchOptions) -> ExitCode {
             },
         ];
         for s in engine_pair.into_iter().filter(|s| wanted(&s.name())) {
-            eprintln!("bench: {}", s.name());
+            bar.set_message(s.name());
             let mut row = bench::measure_throughput(s, opts.duration, opts.concurrency).await?;
             row.oversold = None;
             rows.push(row);
+            bar.inc(1);
         }
         // The consumer, batched against one transaction per order, on orders published for it.
         for (max_batch, name) in [
@@ -472,7 +483,7 @@ pub fn bench(opts: BenchOptions) -> ExitCode {
             if !wanted(name) {
                 continue;
             }
-            eprintln!("bench: {name}");
+            bar.set_message(name);
             let id = run + 2 + max_batch as u64;
             let activity = bench::bench_activity(id, 1_000_000_000);
             let plan = crate::domain::StockPlan::new(&activity);
@@ -513,7 +524,9 @@ pub fn bench(opts: BenchOptions) -> ExitCode {
                 errors: 0,
                 oversold: None,
             });
+            bar.inc(1);
         }
+        bar.finish_and_clear();
         let rows = bench::with_ratios(rows);
         if let Some(path) = &opts.csv {
             bench::write_csv(&rows, path).map_err(|e| format!("--csv {}: {e}", path.display()))?;

@@ -99,7 +99,7 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let running = serve::start(api, listener, admin, &mut rng).await.unwrap();
     let cfg = LoadConfig {
-        addr: running.addr,
+        addrs: vec![running.addr],
         activity: 9,
         users: 1_000,
         connections: 8,
@@ -128,6 +128,76 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
         r.latency_us_p50 > 0 && r.latency_us_p50 <= r.latency_us_p99 && r.latency_us_p99 <= r.latency_us_max
     );
     running.shutdown().await.unwrap();
+}
+
+/// `load --stages` starts its own API, worker and jobs processes on the real stores and runs the
+/// seeds' three stages: every purchase of stages 1 and 2 is queued (two units per user), and the
+/// funnel at peak ends at rest with the ledger holding exactly what was queued, audited clean.
+#[test]
+fn load_stages_runs_the_three_stages_on_the_real_stores() {
+    let (code, _, err) = seckill(&["load", "--stages", "--activity", "1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--activity"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
+        .args(["load", "--stages"])
+        .env_remove("REDIS_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("REDIS_URL"));
+    if service("REDIS_URL").is_none()
+        || service("KAFKA_BROKERS").is_none()
+        || service("DATABASE_URL").is_none()
+    {
+        return;
+    }
+    let png = std::env::temp_dir().join(format!("seckill-stages-{}.png", std::process::id()));
+    let (code, out, err) = seckill(&[
+        "load",
+        "--stages",
+        "--users",
+        "600",
+        "--connections",
+        "8",
+        "--json",
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(std::fs::metadata(&png).unwrap().len() > 1000, "a PNG chart");
+    let _ = std::fs::remove_file(&png);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let apis: Vec<u64> = rows
+        .iter()
+        .map(|r| r["api_processes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(apis, [1, 1, 2, 3]);
+    for r in rows {
+        assert_eq!(r["queued"], 600, "two units for every user: {r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["api_cpu_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let f = &v["funnel"];
+    assert_eq!(f["audit"], "ok", "{f}");
+    assert_eq!(
+        f["purchases"]["202"], f["units_sold"],
+        "every queued purchase is an order: {f}"
+    );
+    assert!(
+        f["units_sold"].as_u64().unwrap() <= f["stock"].as_u64().unwrap(),
+        "{f}"
+    );
+    let answered: u64 = ["tokens_refused", "purchases"]
+        .iter()
+        .flat_map(|k| f[k].as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        answered + f["errors"].as_u64().unwrap(),
+        f["clicks"].as_u64().unwrap(),
+        "{f}"
+    );
 }
 
 #[test]
