@@ -42,6 +42,9 @@ ci/fuzz.sh --dev 20
 step "deploy/: alert rules (promtool check and unit tests), systemd units (systemd-analyze verify)"
 ci/deploy.sh
 
+step "the runbook's commands during a sale (docs/operations.md), word for word, on the real stores"
+ci/runbook.sh
+
 step "clippy (--cfg madsim): the engine library with its planted bugs, and the simulation"
 madsim=(--release --config "build.rustflags=['--cfg','madsim']" --target-dir target/sim)
 cargo clippy -p seckill-engine --lib "${madsim[@]}" -- -D warnings

@@ -266,6 +266,7 @@ fn requests_counter(route: usize, status: usize) -> &'static metrics::Counter {
 /// and the payment callbacks' outcomes, at zero from start: an alert or a dashboard query over
 /// a series nothing touched yet answers 0, not "no data".
 pub(super) fn export_at_zero() {
+    metrics::counter!("seckill_token_store_errors_total").increment(0);
     for route in 0..ROUTE_COUNT {
         for status in ["500", "503"] {
             let i = STATUS_LABELS
@@ -590,7 +591,10 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
                     .field("token"),
             )
         }
-        Err(e) => return Err(ApiError::unavailable(format!("token store: {e}"))),
+        Err(e) => {
+            metrics::counter!("seckill_token_store_errors_total").increment(1);
+            return Err(ApiError::unavailable(format!("token store: {e}")));
+        }
     }
     match api
         .core

@@ -5,7 +5,9 @@
 //! 1. Detect: the meta's epoch is not the server's run id now, or the meta, a stock key or a gate
 //!    is missing, or a claim or a recovering gate was left behind by a runner that died.
 //! 2. Claim the activity with a fresh fence; the claim's deadline is Redis's own `TIME`. A live
-//!    claim of another runner is left alone; an expired one is taken over.
+//!    claim of another runner is left alone; an expired one is taken over. Every renewal also
+//!    checks that Redis's run id is still the one read before the claim: a restart meanwhile
+//!    may have kept the claim and lost the close, and the recovery starts over.
 //! 3. Close every gate with the fence: from here no reserve and no transfer succeeds.
 //! 4. Wait out the publish window (a reserve made before the close may still be publishing) and
 //!    drain the order topic.
@@ -113,6 +115,8 @@ struct Held<'a, C> {
     plan: &'a StockPlan,
     fence: &'a str,
     lease_ms: u64,
+    /// Redis's run id before the claim: the server every step of this recovery must be on.
+    epoch: String,
     renewed_at: std::sync::Mutex<tokio::time::Instant>,
 }
 
@@ -122,16 +126,32 @@ impl<C: StockCache> Held<'_, C> {
         Duration::from_millis(self.lease_ms / 4).max(Duration::from_millis(50))
     }
 
+    /// Renew the claim, and check that Redis did not restart since it was taken. A restart
+    /// loses the last writes (an AOF window, a lagging replica): it can keep the claim and lose
+    /// the gates' close that followed it, and a recovery going on from there would bump the
+    /// generation under gates still open at the old one (orders told "queued", refused by the
+    /// ledger). It starts over instead. A restart after this check loses less than the publish
+    /// window waited since the close (`quiesce` exceeds what Redis can lose), so the gates stay
+    /// closed in whatever image it comes back with.
     async fn keep(&self) -> PortResult<()> {
-        if self.cache.renew(self.plan, self.fence, self.lease_ms).await? || unfenced() {
-            *self.renewed_at.lock().expect("renewed_at") = tokio::time::Instant::now();
-            Ok(())
-        } else {
-            Err(PortError::determinate(
+        if !self.cache.renew(self.plan, self.fence, self.lease_ms).await? && !unfenced() {
+            return Err(PortError::determinate(
                 "recover",
                 format!("claim {} was taken over", self.fence),
-            ))
+            ));
         }
+        let now = self.cache.epoch().await?;
+        if now != self.epoch && !unfenced() {
+            return Err(PortError::determinate(
+                "recover",
+                format!(
+                    "Redis restarted during the recovery (run id {} is now {now}): it may have lost the gates' close; starting over",
+                    self.epoch
+                ),
+            ));
+        }
+        *self.renewed_at.lock().expect("renewed_at") = tokio::time::Instant::now();
+        Ok(())
     }
 
     /// Renew if a quarter of the lease went by since the last renewal (inside long steps).
@@ -226,6 +246,7 @@ pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
     cause: String,
 ) -> PortResult<Result<RecoveryReport, Busy>> {
     let lease_ms = cfg.lease.as_millis().max(1) as u64;
+    let epoch = cache.epoch().await?;
     if let Claim::Busy { fence, ms_left } = cache.claim(plan, fence, lease_ms).await? {
         if !unfenced() {
             return Ok(Err(Busy { fence, ms_left }));
@@ -237,6 +258,7 @@ pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
         plan,
         fence,
         lease_ms,
+        epoch,
         renewed_at: std::sync::Mutex::new(tokio::time::Instant::now()),
     };
     let outcome = recover_claimed(cache, ledger, bus, plan, cfg, &held, cause).await;
@@ -332,10 +354,9 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     // Step 6: from here the ledger refuses orders reserved before the loss.
     let intent = ledger.bump_generation(plan.activity).await?;
     let db = ledger.snapshot(plan.activity).await?;
-    let epoch = cache.epoch().await?;
     let mut report = RecoveryReport {
         cause,
-        epoch: epoch.clone(),
+        epoch: held.epoch.clone(),
         generation: intent.generation,
         buckets: plan.units.len() as u32,
         buyers: 0,
@@ -437,7 +458,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
             ));
         }
     }
-    if !cache.finish(plan, fence, &epoch).await? && !unfenced() {
+    if !cache.finish(plan, fence, &held.epoch).await? && !unfenced() {
         return Err(PortError::determinate(
             "recover",
             format!("claim {fence} was taken over before it finished"),

@@ -222,6 +222,57 @@ async fn competing_recoveries_are_fenced() {
     assert_eq!(w.violations().await, Vec::<String>::new());
 }
 
+/// Simulation seed 185 (chaos): Redis restarted during a recovery and came back from an image
+/// that held the claim but not the gates' close that followed it. The runner went on: its
+/// renewals found its claim, it bumped the generation under gates still open at the old one
+/// (every reserve from there on an order the ledger refuses), and only then did the rebuild find
+/// the gates unfenced. A restart since the claim now makes the runner start over, before the bump.
+#[tokio::test(start_paused = true)]
+async fn a_recovery_starts_over_when_redis_restarts_under_it() {
+    let w = World::new(20, 2, 0);
+    let api = w.api(1);
+    api.create(&w.activity).await.unwrap();
+    buy(&api, UserId(1)).await;
+    w.drain().await;
+    let redis = w.cache.conn().inner.clone();
+    let before_close = redis.dump(); // the gates open at generation 0, no claim yet
+    redis.restore(before_close.clone()); // the loss the recovery is for
+    let runner = tokio::spawn({
+        let (cache, ledger, bus, plan) = (w.cache.clone(), w.ledger.clone(), w.bus.clone(), w.plan.clone());
+        async move { jobs::recover_if_needed(&cache, &ledger, &bus, &plan, &recovery(), "f1").await }
+    });
+    // The runner has claimed and closed, and waits out the publish window: Redis restarts and
+    // reloads an image written between the claim and the close.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let gates_closed = w.cache.snapshot(&w.plan).await.unwrap().buckets.iter().all(|b| {
+        b.gate
+            .as_ref()
+            .is_some_and(|g| g.state == ActivityState::Recovering)
+    });
+    assert!(gates_closed, "the runner is in its publish window");
+    redis.restore(before_close);
+    assert!(matches!(
+        w.cache.claim(&w.plan, "f1", 10_000).await.unwrap(),
+        seckill_engine::ports::Claim::Claimed { .. }
+    ));
+    let err = runner.await.unwrap().expect_err("the runner starts over");
+    assert!(
+        err.to_string().contains("Redis restarted during the recovery"),
+        "{err}"
+    );
+    let registered = w.ledger.registry(A).await.unwrap().unwrap();
+    assert_eq!(
+        registered.intent.generation, 0,
+        "no generation bumped under gates open at the old one"
+    );
+    // The next pass (its claim was released) recovers from the start.
+    let Recovery::Recovered(report) = w.recover("f2").await else {
+        panic!("the next pass recovers")
+    };
+    assert_eq!(report.generation, 1);
+    assert_eq!(w.violations().await, Vec::<String>::new());
+}
+
 /// A pause made during a recovery stands after it; a retried recovery never reopens what an
 /// operator paused or closed (before, the state to return to was read from a meta that already
 /// said "recovering").
