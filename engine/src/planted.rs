@@ -111,9 +111,25 @@ thread_local! {
     static PLANTED: Cell<u32> = const { Cell::new(0) };
 }
 
+thread_local! {
+    /// Fresh numbers for the planted bugs that need them (`fresh`), counted from 0 in every run,
+    /// so that a seed draws the same ones whatever ran before it on this thread.
+    static FRESH: Cell<u64> = const { Cell::new(0) };
+}
+
 /// Plant exactly `bug` (or none) for runs on this thread.
 pub fn plant(bug: Option<Bug>) {
     PLANTED.with(|p| p.set(bug.map_or(0, |b| 1 << b as u32)));
+    FRESH.with(|f| f.set(0));
+}
+
+/// The next fresh number of this run (see `FRESH`).
+pub fn fresh() -> u64 {
+    FRESH.with(|f| {
+        let n = f.get();
+        f.set(n + 1);
+        n
+    })
 }
 
 pub fn on(bug: Bug) -> bool {

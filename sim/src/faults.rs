@@ -83,6 +83,13 @@ impl Faults {
         madsim::time::Instant::now() - self.started
     }
 
+    /// The wall clock a node (re)starting now begins with, skewed by `skew_ms`: the world's
+    /// epoch plus the simulated time gone by (a node restarted late in a run must not start its
+    /// clock again at the epoch, seconds behind the others).
+    pub fn wall_ms(&self, skew_ms: i64) -> u64 {
+        (crate::SIM_EPOCH_MS + self.elapsed().as_millis() as u64).saturating_add_signed(skew_ms)
+    }
+
     pub fn knobs(&self) -> Knobs {
         self.knobs.lock().expect("knobs").clone()
     }

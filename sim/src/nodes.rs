@@ -128,7 +128,7 @@ pub async fn jobs_main(addr: SocketAddr, index: usize, faults: Arc<crate::faults
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
     let ledger = SimLedger::new(ep.clone());
     let bus = SimBus::new(ep);
-    let clock = Clock::new(crate::SIM_EPOCH_MS, tokio::time::Instant::now());
+    let clock = Clock::new(faults.wall_ms(0), tokio::time::Instant::now());
     let config = JobsConfig {
         recovery: recovery(),
         reconcile: ReconcileConfig {

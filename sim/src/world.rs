@@ -696,7 +696,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     let skews = Arc::new(Mutex::new(vec![0i64; cfg.engines]));
     let engines = (0..cfg.engines)
         .map(|i| {
-            let (act, skews) = (act.clone(), skews.clone());
+            let (act, skews, f) = (act.clone(), skews.clone(), faults.clone());
             let addr = engine_addr(i);
             node(&format!("engine-{i}"), &addr.ip().to_string())
                 .init(move || {
@@ -704,7 +704,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
                     engine_main(EngineParams {
                         addr,
                         activity: act.clone(),
-                        wall_ms: SIM_EPOCH_MS.saturating_add_signed(skew),
+                        wall_ms: f.wall_ms(skew),
                     })
                 })
                 .build()

@@ -846,8 +846,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         #[cfg(madsim)]
         let t = &if crate::planted::on(crate::planted::Bug::NonIdempotentGive) {
             // Planted: every give gets a fresh idempotency key, so a repeated give counts twice.
-            static GIVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let n = GIVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let n = crate::planted::fresh();
             Transfer {
                 id: format!("{}-{n:x}", t.id),
                 ..t.clone()
