@@ -55,6 +55,9 @@ pub struct Faults {
     started: madsim::time::Instant,
     knobs: Mutex<Knobs>,
     fired: Mutex<BTreeMap<String, u64>>,
+    covered: Mutex<BTreeMap<&'static str, u64>>,
+    /// Clients still sending: while any is, the sale is under load.
+    clients_left: std::sync::atomic::AtomicUsize,
     trace: Mutex<VecDeque<String>>,
 }
 
@@ -74,8 +77,36 @@ impl Faults {
             started: madsim::time::Instant::now(),
             knobs: Mutex::default(),
             fired: Mutex::default(),
+            covered: Mutex::default(),
+            clients_left: std::sync::atomic::AtomicUsize::new(0),
             trace: Mutex::default(),
         }
+    }
+
+    /// An interesting state happened ("sometimes" assertions, DESIGN §9): counted per run and
+    /// summed over a sweep, which fails if a target never happened (`seckill-sim summarize`).
+    pub fn cover(&self, what: &'static str) {
+        *self.covered.lock().expect("covered").entry(what).or_insert(0) += 1;
+    }
+
+    pub fn coverage(&self) -> BTreeMap<String, u64> {
+        let c = self.covered.lock().expect("covered");
+        c.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    /// `n` clients start sending (the sale is under load until each has called `client_done`).
+    pub fn clients_start(&self, n: usize) {
+        self.clients_left.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn client_done(&self) {
+        self.clients_left
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Are clients still sending?
+    pub fn under_load(&self) -> bool {
+        self.clients_left.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// Simulated time since the world was created.

@@ -21,7 +21,7 @@ mod app {
     use clap::{Parser, Subcommand};
     use seckill_engine::planted::Bug;
     use seckill_sim::args::{config, parse_bug, RunArgs, Shape};
-    use seckill_sim::world::{self, RunReport, Scenario, SimConfig, Verdict};
+    use seckill_sim::world::{self, RunReport, Scenario, SimConfig, Verdict, COVERAGE_TARGETS};
     use serde::Deserialize;
     use std::collections::BTreeMap;
     use std::io::BufRead;
@@ -162,6 +162,7 @@ mod app {
                 Verdict::Liveness => "liveness",
             }),
             "faults": report.map(|r| r.faults.clone()).unwrap_or_default(),
+            "coverage": report.map(|r| r.coverage.clone()).unwrap_or_default(),
             "sim_ms": report.map_or(0, |r| r.sim_ms),
             "wall_ms": wall_ms,
             "violations": report.map(|r| r.violations.clone()).unwrap_or_default(),
@@ -258,10 +259,33 @@ mod app {
         verdict: String,
         #[serde(default)]
         faults: BTreeMap<String, u64>,
+        #[serde(default)]
+        coverage: BTreeMap<String, u64>,
         sim_ms: u64,
         wall_ms: f64,
         #[serde(default)]
         replay: String,
+    }
+
+    /// Print in how many runs each coverage target happened (`coverage: name=runs …`), and each
+    /// target that never did although the sweep ran enough of the scenarios that reach it; the
+    /// number of those.
+    fn coverage(lines: &[Line]) -> usize {
+        let hit = |name: &str| lines.iter().filter(|l| l.coverage.contains_key(name)).count();
+        let c: Vec<String> = COVERAGE_TARGETS
+            .iter()
+            .map(|(name, _, _)| format!("{name}={}", hit(name)))
+            .collect();
+        println!("coverage (runs in which it happened): {}", c.join(" "));
+        let mut missed = 0;
+        for (name, scenarios, min_runs) in COVERAGE_TARGETS {
+            let runs = lines.iter().filter(|l| scenarios.contains(&l.scenario)).count();
+            if runs >= *min_runs && hit(name) == 0 {
+                println!("NOT COVERED {name}: never happened in {runs} runs of {scenarios:?}");
+                missed += 1;
+            }
+        }
+        missed
     }
 
     fn summarize(planted: bool) -> ExitCode {
@@ -329,6 +353,7 @@ mod app {
         );
         let f: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!("faults: {}", f.join(" "));
+        let missed = coverage(&lines);
         // Per scenario and size too: one slow scenario hides in the total.
         let mut per: BTreeMap<(String, &str), (u64, f64)> = BTreeMap::new();
         for l in &lines {
@@ -343,10 +368,44 @@ mod app {
             );
         }
         println!("time-compression: {:.0}x", sim as f64 / wall.max(1e-3));
-        if failed.is_empty() {
+        if failed.is_empty() && missed == 0 {
             ExitCode::SUCCESS
         } else {
             ExitCode::from(1)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn line(scenario: Scenario, covered: &[&str]) -> Line {
+            Line {
+                seed: 0,
+                scenario,
+                size: seckill_sim::world::Size::Small,
+                planted: None,
+                verdict: "ok".into(),
+                faults: BTreeMap::new(),
+                coverage: covered.iter().map(|c| (c.to_string(), 1)).collect(),
+                sim_ms: 0,
+                wall_ms: 0.0,
+                replay: String::new(),
+            }
+        }
+
+        #[test]
+        fn a_sweep_misses_a_target_only_after_enough_runs_of_its_scenarios() {
+            // Nothing happened in 19 runs of the skewed scenario: too few to judge anything.
+            let few: Vec<Line> = (0..19).map(|_| line(Scenario::Skewed, &[])).collect();
+            assert_eq!(coverage(&few), 0);
+            // In 20, its target (a transfer the reconciler finished) counts as missed.
+            let enough: Vec<Line> = (0..20).map(|_| line(Scenario::Skewed, &[])).collect();
+            assert_eq!(coverage(&enough), 1);
+            // One run that saw it is enough.
+            let mut seen = enough;
+            seen[7] = line(Scenario::Skewed, &["transfer_finished_by_reconciler"]);
+            assert_eq!(coverage(&seen), 0);
         }
     }
 }

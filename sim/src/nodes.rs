@@ -171,11 +171,23 @@ pub async fn jobs_main(addr: SocketAddr, index: usize, faults: Arc<crate::faults
 
 fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
     match pass.recovery {
-        Ok(Recovery::Recovered(r)) => faults.event(format!(
-            "{name}: recovered ({}): {} units, {} buyer marks, {} rescued, generation {}",
-            r.cause, r.stock, r.buyers, r.rescued, r.generation
-        )),
-        Ok(Recovery::Busy(b)) => faults.event(format!("{name}: recovery busy: claim {} holds", b.fence)),
+        Ok(Recovery::Recovered(r)) => {
+            faults.cover("recovered");
+            if faults.under_load() {
+                faults.cover("recovery_under_load");
+            }
+            if r.rescued > 0 {
+                faults.cover("outbox_rescued");
+            }
+            faults.event(format!(
+                "{name}: recovered ({}): {} units, {} buyer marks, {} rescued, generation {}",
+                r.cause, r.stock, r.buyers, r.rescued, r.generation
+            ))
+        }
+        Ok(Recovery::Busy(b)) => {
+            faults.cover("recovery_contended");
+            faults.event(format!("{name}: recovery busy: claim {} holds", b.fence))
+        }
         Ok(Recovery::NotNeeded) => {}
         // The other jobs check the gates themselves: they go on.
         Err(e) => faults.event(format!("{name}: recovery: {e}")),
@@ -183,6 +195,16 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
     match pass.reconcile {
         Err(e) => faults.event(format!("{name}: reconciler: {e}")),
         Ok(r) => {
+            for (what, n) in [
+                ("reconciler_republished", r.republished),
+                ("pending_mark_resolved", r.pending_kept + r.pending_cleared),
+                ("cancel_release_finished", r.cancels_released),
+                ("transfer_finished_by_reconciler", r.transfers_finished),
+            ] {
+                if n > 0 {
+                    faults.cover(what);
+                }
+            }
             let acted = r.settled + r.republished + r.pending_kept + r.pending_cleared;
             if acted + r.cancels_released + r.transfers_finished > 0 {
                 faults.event(format!(
@@ -217,9 +239,23 @@ pub async fn consumer_main(addr: SocketAddr, index: u32, batch: usize, faults: A
         .await
         .expect("static membership cannot fail");
     loop {
-        if let Err(e) = consumer.run_once().await {
-            faults.event(format!("consumer-{index}: batch failed: {e}"));
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        match consumer.run_once().await {
+            Ok(r) => {
+                for (what, n) in [
+                    ("redelivery_deduped", r.redelivered),
+                    ("stale_generation_refused", r.stale_generation),
+                    ("duplicate_buyer_refused", r.duplicate_buyers),
+                    ("out_of_stock_refused", r.out_of_stock),
+                ] {
+                    if n > 0 {
+                        faults.cover(what);
+                    }
+                }
+            }
+            Err(e) => {
+                faults.event(format!("consumer-{index}: batch failed: {e}"));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
     }
 }
