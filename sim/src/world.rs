@@ -98,6 +98,10 @@ enum Fault {
     RedisRestartVolatile,
     RedisRestartAof,
     RedisPartition,
+    /// One link cut, both ways or one way (requests arrive and their replies are lost, or
+    /// requests are lost): an API node and Kafka or Redis, a worker and MySQL or Kafka, a job
+    /// runner and Redis or MySQL. The rest of the world talks on.
+    LinkPartition,
     MysqlUnavailable,
     EngineCrash,
     ClockSkew,
@@ -158,6 +162,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::RedisRestartVolatile,
     Fault::RedisRestartAof,
     Fault::RedisPartition,
+    Fault::LinkPartition,
     Fault::MysqlUnavailable,
     Fault::EngineCrash,
     Fault::ClockSkew,
@@ -1194,6 +1199,36 @@ impl World {
                 tokio::time::sleep(hold).await;
                 NetSim::current().unclog_node(self.redis_node.id());
             }
+            Fault::LinkPartition => {
+                let (client, store) = match thread_rng().gen_range(0..6) {
+                    0 => ((pick(&self.engines), "engine"), (self.kafka_node.id(), "kafka")),
+                    1 => ((pick(&self.engines), "engine"), (self.redis_node.id(), "redis")),
+                    2 => ((pick(&self.consumers), "worker"), (self.mysql_node.id(), "mysql")),
+                    3 => ((pick(&self.consumers), "worker"), (self.kafka_node.id(), "kafka")),
+                    4 => ((pick(&self.jobs_nodes), "jobs"), (self.redis_node.id(), "redis")),
+                    _ => ((pick(&self.jobs_nodes), "jobs"), (self.mysql_node.id(), "mysql")),
+                };
+                // 0: both ways; 1: replies lost (the request is carried out); 2: requests lost.
+                let way = thread_rng().gen_range(0..3);
+                let links: Vec<_> = match way {
+                    0 => vec![(client.0, store.0), (store.0, client.0)],
+                    1 => vec![(store.0, client.0)],
+                    _ => vec![(client.0, store.0)],
+                };
+                f.fired("link_partition");
+                f.event(format!(
+                    "link {} node {} <-> {} cut {} for {} ms",
+                    client.1,
+                    client.0,
+                    store.1,
+                    ["both ways", "for replies", "for requests"][way],
+                    hold.as_millis()
+                ));
+                let net = NetSim::current();
+                links.iter().for_each(|&(a, b)| net.clog_link(a, b));
+                tokio::time::sleep(hold).await;
+                links.iter().for_each(|&(a, b)| net.unclog_link(a, b));
+            }
             Fault::OperatorPause => self.operator_pause(hold).await,
             Fault::FullLossRestart => self.full_loss_restart().await,
             // Pauses overlap the faults that follow: the nemesis goes on while the node sleeps.
@@ -1411,7 +1446,13 @@ impl World {
         self.faults.set(|k| *k = Default::default());
         let net = NetSim::current();
         net.update_config(|c| c.packet_loss_rate = 0.0);
-        for n in self.nodes() {
+        let nodes: Vec<&NodeHandle> = self.nodes().collect();
+        for a in &nodes {
+            for b in &nodes {
+                net.unclog_link(a.id(), b.id());
+            }
+        }
+        for n in nodes {
             net.unclog_node(n.id());
             self.handle.resume(n.id());
             if self.handle.is_exit(n.id()) {
