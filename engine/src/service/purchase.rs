@@ -381,14 +381,23 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             // as it is still in Redis. One that vanished (Redis lost it while this process was
             // stalled past the delivery timeout, or it was applied and settled already) has an
             // outcome this process cannot know: "queued" would be a promise nobody keeps.
+            // And if Redis does not answer either, whether it still holds the reservation is
+            // not known (a restart may have lost it before the publish timed out: simulation
+            // chaos seed 28): no promise either way.
             return match self.inner.cache.adopt(&reservation).await {
+                Ok(true) => (PurchaseOutcome::Queued(reservation), Some(true)),
                 Ok(false) => (
                     unavailable(format!(
                         "order bus: {e}; the reservation is no longer in Redis (check the order's status)"
                     )),
                     None,
                 ),
-                Ok(true) | Err(_) => (PurchaseOutcome::Queued(reservation), Some(true)),
+                Err(adopt) => (
+                    unavailable(format!(
+                        "order bus: {e}; and Redis: {adopt} (check the order's status)"
+                    )),
+                    None,
+                ),
             };
         }
         #[cfg(madsim)]

@@ -310,6 +310,29 @@ async fn a_failed_or_unknown_publish_whose_reservation_vanished_is_not_queued() 
     }
 }
 
+/// The same when Redis, asked whether it still holds the reservation, does not answer either
+/// (simulation chaos seed 28: a Redis restart lost the reservation while the broker was down, and
+/// the check that followed timed out under packet loss): not known, so not "queued".
+#[tokio::test(start_paused = true)]
+async fn an_unknown_publish_and_an_unanswered_redis_is_not_queued() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    assert!(
+        matches!(rig.buy(UserId(4)).await, PurchaseOutcome::Queued(_)),
+        "loads the scripts"
+    );
+    rig.bus.knob.set(Mode::LostBefore);
+    let redis = rig.cache.conn().clone();
+    rig.bus.on_publish(move || {
+        redis.inner.flush_all();
+        redis.knob.set(Mode::LostBefore);
+    });
+    let out = rig.buy(UserId(5)).await;
+    assert!(
+        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("check the order's status")),
+        "{out:?}"
+    );
+}
+
 /// A paused gate refuses the reserve even in a process whose cache still says open (the gates,
 /// not the caches, enforce a pause).
 #[tokio::test(start_paused = true)]
