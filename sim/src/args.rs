@@ -2,7 +2,7 @@
 //! library so that a test can parse a failure's replay command back into the configuration it
 //! came from: a replay that drops a flag replays a different run.
 
-use crate::world::{Scenario, SimConfig, Size};
+use crate::world::{Scenario, Scheduled, SimConfig, Size};
 use clap::Parser;
 use seckill_engine::planted::Bug;
 
@@ -36,6 +36,10 @@ pub struct RunArgs {
     pub planted: Option<Bug>,
     #[command(flatten)]
     pub shape: Shape,
+    /// Inject exactly these faults instead of the scenario's random ones: a run's schedule as
+    /// `shrink` prints it (`<at ms>.<ns>:<fault>:<hold ms>`, comma-separated).
+    #[arg(long, value_parser = parse_schedule_arg)]
+    pub schedule: Option<ScheduleArg>,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -43,8 +47,19 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn config(&self) -> SimConfig {
-        config(self.seed, self.scenario, self.planted, &self.shape)
+        SimConfig {
+            schedule: self.schedule.clone().map(|s| s.0),
+            ..config(self.seed, self.scenario, self.planted, &self.shape)
+        }
     }
+}
+
+/// `--schedule`'s value (a newtype: clap would read a bare `Vec` as many values).
+#[derive(Clone, Debug)]
+pub struct ScheduleArg(pub Vec<Scheduled>);
+
+fn parse_schedule_arg(s: &str) -> Result<ScheduleArg, String> {
+    crate::world::parse_schedule(s).map(ScheduleArg)
 }
 
 pub fn parse_bug(s: &str) -> Result<Bug, String> {

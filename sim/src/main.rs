@@ -60,6 +60,9 @@ mod app {
             #[arg(long = "failures-dir")]
             failures_dir: Option<std::path::PathBuf>,
         },
+        /// Run a failing seed, then drop faults from its schedule for as long as it still fails
+        /// the same way; print the run with the fewest faults and its replay command.
+        Shrink(RunArgs),
         /// Print the names of the planted bugs, one per line.
         Bugs,
         /// Read sweep lines on stdin; print the summary lines.
@@ -239,6 +242,23 @@ mod app {
                     }
                 }
                 ExitCode::from(worst)
+            }
+            Command::Shrink(args) => {
+                let cfg = args.config();
+                let started = Instant::now();
+                let Some(s) = world::shrink(&cfg) else {
+                    println!("seed {} passes: nothing to shrink", cfg.seed);
+                    return ExitCode::SUCCESS;
+                };
+                let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+                println!(
+                    "shrunk: {} faults to {} in {} runs",
+                    s.from,
+                    s.report.schedule.len(),
+                    s.runs
+                );
+                print!("{}", human(&s.config, Some(&s.report), wall_ms));
+                ExitCode::from(code(Some(s.report.verdict)))
             }
             Command::Bugs => {
                 for b in Bug::ALL {

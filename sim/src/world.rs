@@ -80,8 +80,9 @@ pub enum Scenario {
 }
 
 /// Every fault type the nemesis knows (DESIGN §9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
     ConsumerCrash,
     JobsCrash,
     LedgerLockWait,
@@ -302,6 +303,55 @@ impl Size {
     }
 }
 
+/// One fault the nemesis injected: how long it waited after the previous fault ended (its pace),
+/// what, and for how long. A run reports its schedule; `--schedule` replays one — its own run
+/// exactly, since the waits are the ones drawn (`seckill-sim shrink` drops faults from a failing
+/// run's schedule for as long as it still fails: the faults after a dropped one then come earlier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Scheduled {
+    pub after_ms: u64,
+    pub fault: Fault,
+    pub hold_ms: u64,
+}
+
+/// A schedule as `--schedule` takes it: `<after ms>:<fault>:<hold ms>`, comma-separated.
+pub fn schedule_text(schedule: &[Scheduled]) -> String {
+    let name = |f: Fault| {
+        serde_json::to_value(f)
+            .expect("a unit variant")
+            .as_str()
+            .map(str::to_string)
+    };
+    schedule
+        .iter()
+        .map(|s| format!("{}:{}:{}", s.after_ms, name(s.fault).expect("a name"), s.hold_ms))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `schedule_text` read back; an error names the entry that does not read.
+pub fn parse_schedule(text: &str) -> Result<Vec<Scheduled>, String> {
+    text.split(',')
+        .filter(|e| !e.is_empty())
+        .map(|entry| {
+            let bad = || format!("schedule entry {entry:?}: expected <after ms>:<fault>:<hold ms>");
+            let mut parts = entry.split(':');
+            let (Some(after), Some(fault), Some(hold), None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                return Err(bad());
+            };
+            let fault = serde_json::from_value(serde_json::Value::String(fault.into()))
+                .map_err(|_| format!("schedule entry {entry:?}: unknown fault {fault:?}"))?;
+            Ok(Scheduled {
+                after_ms: after.parse().map_err(|_| bad())?,
+                fault,
+                hold_ms: hold.parse().map_err(|_| bad())?,
+            })
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SimConfig {
     pub seed: u64,
@@ -335,6 +385,9 @@ pub struct SimConfig {
     /// few hundred records (16 a batch); a standard one up to eleven thousand after Redis lost
     /// data, which at 16 took twenty simulated seconds to drain (64, a quarter of production's).
     pub consumer_batch: usize,
+    /// Inject exactly these faults (instead of the scenario's random ones).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Vec<Scheduled>>,
 }
 
 impl SimConfig {
@@ -378,6 +431,7 @@ impl SimConfig {
                 Size::Small => 16,
                 Size::Standard => 64,
             },
+            schedule: None,
         }
     }
 
@@ -413,6 +467,9 @@ impl SimConfig {
         }
         if !self.jobs {
             cmd += " --no-jobs";
+        }
+        if let Some(s) = &self.schedule {
+            cmd += &format!(" --schedule {}", schedule_text(s));
         }
         cmd
     }
@@ -479,6 +536,8 @@ pub struct RunReport {
     pub queued: u64,
     pub units_sold: u64,
     pub sim_ms: u64,
+    /// The faults the nemesis injected.
+    pub schedule: Vec<Scheduled>,
     /// The interesting states that happened, and how often (`Faults::cover`).
     pub coverage: BTreeMap<String, u64>,
     pub trace: Vec<String>,
@@ -613,6 +672,8 @@ struct World {
     ledger_log: Arc<LedgerLog>,
     /// Faults that run beside the nemesis (pauses): stopped with the world.
     background: Mutex<Vec<madsim::task::JoinHandle<()>>>,
+    /// The faults injected so far.
+    schedule: Mutex<Vec<Scheduled>>,
     /// Recovery claims as the checker first saw them in the meta (at most `CHECK_EVERY` late).
     claims: Mutex<Vec<(Duration, String)>>,
     violated: Mutex<Option<Violated>>,
@@ -677,6 +738,69 @@ pub fn run(cfg: &SimConfig) -> RunReport {
     let report = rt.block_on(world(cfg));
     planted::plant(None);
     report
+}
+
+/// What `shrink` reached: a run that fails like the original, with fewer faults.
+pub struct Shrunk {
+    pub config: SimConfig,
+    pub report: RunReport,
+    /// Faults in the original run's schedule.
+    pub from: usize,
+    /// Runs it took, the original included.
+    pub runs: usize,
+}
+
+/// Minimise the fault schedule of a failing run: drop chunks of faults (halves first, then
+/// quarters, … down to one at a time), keeping a drop whenever the run still fails with the same
+/// verdict. A run with fewer faults is another run (the world draws differently after the first
+/// dropped fault): what comes back is a run that fails, with the faults it needed. `None`: the
+/// run does not fail.
+pub fn shrink(cfg: &SimConfig) -> Option<Shrunk> {
+    let first = run(cfg);
+    if first.verdict == Verdict::Ok {
+        return None;
+    }
+    let verdict = first.verdict;
+    let mut runs = 1;
+    let from = first.schedule.len();
+    let mut best = first.schedule.clone();
+    let mut report = first;
+    let mut chunk = (best.len() / 2).max(1);
+    loop {
+        let (mut i, mut dropped) = (0, false);
+        while i < best.len() {
+            let candidate: Vec<Scheduled> = best[..i]
+                .iter()
+                .chain(&best[(i + chunk).min(best.len())..])
+                .copied()
+                .collect();
+            runs += 1;
+            let r = run(&SimConfig {
+                schedule: Some(candidate.clone()),
+                ..cfg.clone()
+            });
+            if r.verdict == verdict {
+                (best, report, dropped) = (candidate, r, true);
+            } else {
+                i += chunk;
+            }
+        }
+        if chunk == 1 && !dropped {
+            break;
+        }
+        if !dropped {
+            chunk /= 2;
+        }
+    }
+    Some(Shrunk {
+        config: SimConfig {
+            schedule: Some(best),
+            ..cfg.clone()
+        },
+        report,
+        from,
+        runs,
+    })
 }
 
 /// The world inside an existing simulation runtime.
@@ -788,6 +912,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         pauses: Mutex::default(),
         ledger_log,
         background: Mutex::default(),
+        schedule: Mutex::default(),
         claims: Mutex::default(),
         violated: Mutex::new(None),
     });
@@ -1132,18 +1257,32 @@ impl World {
             Vec::new()
         };
         aimed.reverse();
+        let mut given = self.cfg.schedule.clone().map(|s| s.into_iter());
         loop {
-            let (fault, hold) = match aimed.pop() {
-                Some(next) => next,
-                None => {
-                    tokio::time::sleep(Duration::from_millis(
-                        thread_rng().gen_range(self.cfg.scenario.pace()),
-                    ))
-                    .await;
-                    let fault = kinds[thread_rng().gen_range(0..kinds.len())];
-                    (fault, Duration::from_millis(thread_rng().gen_range(30..300)))
-                }
+            let (pace, fault, hold) = match aimed.pop() {
+                Some((fault, hold)) => (0, fault, hold.as_millis() as u64),
+                None => (
+                    thread_rng().gen_range(self.cfg.scenario.pace()),
+                    kinds[thread_rng().gen_range(0..kinds.len())],
+                    thread_rng().gen_range(30..300),
+                ),
             };
+            // A given schedule replaces what was drawn (drawn all the same, so that the rest of
+            // the world draws what it drew in the run the schedule came from).
+            // Past its end, the nemesis idles as drawn (the world stopped the run the schedule
+            // came from while its nemesis waited for the next fault).
+            let next = match given.as_mut().map(Iterator::next) {
+                None => Some(Scheduled {
+                    after_ms: pace,
+                    fault,
+                    hold_ms: hold,
+                }),
+                Some(next) => next,
+            };
+            let after = next.map_or(pace, |n| n.after_ms);
+            if after > 0 {
+                tokio::time::sleep(Duration::from_millis(after)).await;
+            }
             // L2 is about selling everything once healed: the skewed run heals halfway through
             // the sale, while buyers are still there.
             if self.cfg.scenario == Scenario::Skewed
@@ -1153,7 +1292,9 @@ impl World {
                     .event("nemesis done: healed while the sale goes on".into());
                 return;
             }
-            self.inject(fault, hold).await;
+            let Some(next) = next else { continue };
+            self.schedule.lock().expect("schedule").push(next);
+            self.inject(next.fault, Duration::from_millis(next.hold_ms)).await;
         }
     }
 
@@ -1661,6 +1802,7 @@ impl World {
             queued: history.queued.len() as u64,
             units_sold: snap.units_sold(),
             sim_ms: self.faults.elapsed().as_millis() as u64,
+            schedule: self.schedule.lock().expect("schedule").clone(),
             coverage: self.faults.coverage(),
             trace: self.faults.trace(),
         }

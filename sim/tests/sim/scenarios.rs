@@ -195,6 +195,53 @@ fn every_scenario_replays_identically() {
     }
 }
 
+/// A run's schedule replays the run: the same report, fault for fault, when the schedule is given
+/// instead of drawn (what makes a shrunk schedule mean anything); and it reads back as printed.
+#[test]
+fn a_run_replays_from_its_own_schedule() {
+    let faulty = <Scenario as clap::ValueEnum>::value_variants()
+        .iter()
+        .filter(|s| **s != Scenario::Calm);
+    for (seed, &scenario) in (3..).zip(faulty) {
+        let cfg = SimConfig::small(seed, scenario);
+        let drawn = world::run(&cfg);
+        assert!(!drawn.schedule.is_empty(), "{scenario:?}: no fault was injected");
+        let text = world::schedule_text(&drawn.schedule);
+        assert_eq!(world::parse_schedule(&text).unwrap(), drawn.schedule);
+        let given = world::run(&SimConfig {
+            schedule: Some(drawn.schedule.clone()),
+            ..cfg.clone()
+        });
+        let without_config = |r: &world::RunReport| {
+            let mut v = serde_json::to_value(r).unwrap();
+            v.as_object_mut().unwrap().remove("config");
+            v
+        };
+        assert_eq!(
+            without_config(&drawn),
+            without_config(&given),
+            "{scenario:?} seed {seed}"
+        );
+    }
+}
+
+/// `shrink` takes a failing run down to the faults it needs: a planted fenced-recovery bug's
+/// first catch needs a handful, and the shrunk run fails again from its replay command.
+#[test]
+fn a_failing_run_shrinks_to_a_handful_of_faults() {
+    let cfg = SimConfig {
+        planted: Some(Bug::RecoveryWithoutFence),
+        ..SimConfig::small(0, Scenario::CompetingRecoveries)
+    };
+    let s = world::shrink(&cfg).expect("seed 0 catches the planted bug");
+    assert!(s.report.verdict != Verdict::Ok);
+    assert!(s.from > 5, "the original run had {} faults", s.from);
+    assert!(s.report.schedule.len() <= 5, "{:?}", s.report.schedule);
+    let replayed = seckill_sim::args::parse_replay(&s.config.replay_command()).unwrap();
+    assert_eq!(replayed, s.config);
+    assert_eq!(world::run(&replayed).verdict, s.report.verdict);
+}
+
 #[test]
 fn a_finished_run_leaves_no_store_alive() {
     // Chaos crashes and restarts nodes mid-sale; every task must still go with the runtime.
