@@ -69,6 +69,10 @@ if out=$("$helm" template seckill "$chart" --kube-version 1.30.0 2>&1); then
 fi
 grep -q "secrets.adminToken is required" <<<"$out" || { printf '%s\n' "$out" >&2; exit 1; }
 "$helm" template seckill "$chart" "${render[@]}" | python3 ci/helm_check.py "$bin"
+# Every store over TLS, Kafka with SASL, the CA and a client certificate from a Secret of one's own.
+tls_values=(-f "$chart/ci/test-values-tls.yaml")
+"$helm" lint --strict "$chart" "${render[@]}" "${tls_values[@]}"
+"$helm" template seckill "$chart" "${render[@]}" "${tls_values[@]}" | python3 ci/helm_check.py "$bin"
 
 say "dashboard and alerts against a real Prometheus scraping every role"
 python3 ci/prometheus.py "$bin"

@@ -8,14 +8,20 @@ accepts and what a cluster needs, without a cluster:
   `seckill serve --check-config` for its role, with nothing else in the environment;
 - the admin listener binds the pod's address (not loopback), the probes reach it on /healthz
   and /readyz, and the ports named in the probes and Service are the ones the settings bind;
+- every file a setting names (TLS CA and client certificate, JWKS) lies under a volume mounted
+  in that container; files of a Secret made outside the chart (`tls.secret`) are stood in for by
+  PEM files here, so that `--check-config` reads a file where the pod would;
 - the Service, the HPA and the PodDisruptionBudget select the api pods; the NetworkPolicy lets
-  only listed peers reach the admin port; the migration Job runs `migrate` with DATABASE_URL.
+  only listed peers reach the admin port; the migration Job runs `migrate` with DATABASE_URL
+  (and the files it names mounted).
 
     helm template ... | ci/helm_check.py path/to/seckill
 """
+import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -54,6 +60,7 @@ def main():
         (c,) = pod["spec"]["containers"]
         expect(c["args"] == ["serve", "--roles", role], f"{name}: runs {c['args']}, not role {role}")
         env = resolve_env(name, c, configmaps, secrets)
+        env = mount_files(name, pod, c, env, secrets)
         out = subprocess.run([seckill, *c["args"], "--check-config"], env=env,
                              capture_output=True, text=True)
         expect(out.returncode == 0,
@@ -104,10 +111,49 @@ def main():
     expect(jc["args"] == ["migrate"], f"the migration Job runs {jc['args']}")
     expect("pre-install" in job["metadata"]["annotations"]["helm.sh/hook"], "migrations must run before install")
     ref = next(e["valueFrom"]["secretKeyRef"] for e in jc["env"] if e["name"] == "DATABASE_URL")
+    mount_files("the migration Job", job["spec"]["template"], jc,
+                {"DATABASE_URL": secrets[ref["name"]]["DATABASE_URL"]}, secrets)
     hook_secret = next(s for s in by_kind["Secret"] if s["metadata"]["name"] == ref["name"])
     expect("helm.sh/hook" in hook_secret["metadata"].get("annotations", {}),
            "the migration Job's Secret must exist before the hook runs (a hook itself)")
     print(f"helm_check: ok ({len(docs)} objects; roles {', '.join(sorted(deployments))})")
+
+
+STANDIN_PEM = "-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n"
+FILE_PATH = re.compile(r"/etc/seckill/[A-Za-z0-9._/-]+")
+
+
+def mount_files(name, pod, c, env, secrets):
+    """Every /etc/seckill/... path the settings name must lie under one of the container's
+    volume mounts, from a volume of the pod. The files are made here (a rendered Secret's
+    contents, or a stand-in PEM for a Secret made outside the chart) and the settings rewritten
+    to point at them."""
+    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in c.get("volumeMounts", [])}
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    here = tempfile.mkdtemp(prefix="helm-check-")
+    out = dict(env)
+    for var, value in env.items():
+        for path in FILE_PATH.findall(value):
+            mount = next((m for m in mounts if path.startswith(m + "/")), None)
+            expect(mount is not None, f"{name}: {var} names {path}, which no volume mount holds")
+            vol = volumes.get(mounts[mount])
+            expect(vol is not None and "secret" in vol,
+                   f"{name}: the mount {mount} has no Secret volume in the pod")
+            rel = path[len(mount) + 1:]
+            secret = vol["secret"]["secretName"]
+            items = {i["path"]: i["key"] for i in vol["secret"].get("items", [])}
+            if secret in secrets:
+                key = items.get(rel, rel)
+                expect(key in secrets[secret], f"{name}: {var} names {path}, not in Secret {secret}")
+                content = secrets[secret][key]
+            else:
+                content = STANDIN_PEM
+            local = os.path.join(here, mounts[mount], rel)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "w") as f:
+                f.write(content)
+            out[var] = out[var].replace(path, local)
+    return out
 
 
 def resolve_env(name, c, configmaps, secrets):

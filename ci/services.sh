@@ -3,7 +3,11 @@
 #   Redis (Debian redis-server): one instance on 6379 and a 3-master Cluster on 7000-7002;
 #   MariaDB (Debian mariadb-server): database `seckill`, user `seckill`;
 #   Apache Kafka, one KRaft node (broker + controller) on 9092, its jars from Maven Central
-#   through ci/kafka/pom.xml, run on the machine's Java 17.
+#   through ci/kafka/pom.xml, run on the machine's Java 17;
+#   and each store over TLS with credentials, with a CA and certificates made here (openssl):
+#   Redis on 6380 (TLS only, ACL user) and a 3-master Cluster on 7100-7102 (TLS only, client
+#   and cluster bus, password), MariaDB's TLS-only user `seckill_tls`, Kafka SASL_SSL
+#   (PLAIN) on 9094.
 # Idempotent: whatever already answers is reused. Writes the connection settings to
 # $SECKILL_SERVICES_DIR/env (default target/services/env), which ci/test.sh sources.
 set -euo pipefail
@@ -31,6 +35,29 @@ apt_install() {
   apt-get install -y -q "$@" >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q "$@" >/dev/null; }
 }
 
+# Building the engine: librdkafka links the system OpenSSL (Kafka over TLS).
+pkg-config --exists openssl 2>/dev/null || { say "installing libssl-dev"; apt_install libssl-dev pkg-config; }
+
+# ---------------------------------------------------------------------------------------------
+# A CA and one server certificate (for 127.0.0.1 and localhost) shared by the three stores' TLS
+# listeners; the clients trust the CA. PEM throughout (Kafka reads a PEM keystore since 2.7).
+# clientAuth too: a Redis Cluster node presents it on the cluster bus, which always checks it.
+
+tls=$dir/tls
+if [ ! -f "$tls/server.pem" ]; then
+  say "making a test CA and server certificate in $tls"
+  mkdir -p "$tls"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=seckill test CA" \
+    -keyout "$tls/ca.key" -out "$tls/ca.pem" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$tls/server.key" -out "$tls/server.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' \
+    >"$tls/server.ext"
+  openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$tls/server.ext" -out "$tls/server.pem" 2>/dev/null
+  cat "$tls/server.key" "$tls/server.pem" >"$tls/keystore.pem"
+fi
+
 # ---------------------------------------------------------------------------------------------
 # Redis
 
@@ -54,6 +81,23 @@ for port in 7000 7001 7002; do
   start_redis "$port" --cluster-enabled yes --cluster-config-file "$dir/redis-$port/nodes.conf" \
     --cluster-node-timeout 5000
 done
+# TLS only (no plaintext port), the default user off, one ACL user with a password.
+redis_tls_up() {
+  [ "$(redis-cli -p 6380 --tls --cacert "$tls/ca.pem" --user seckill --pass seckill-tls --no-auth-warning ping 2>/dev/null)" = PONG ]
+}
+if redis_tls_up; then
+  say "redis (TLS) on 6380: already running"
+else
+  mkdir -p "$dir/redis-6380"
+  redis-server --port 0 --tls-port 6380 --bind 127.0.0.1 --daemonize yes --save '' --appendonly no \
+    --tls-cert-file "$tls/server.pem" --tls-key-file "$tls/server.key" \
+    --tls-ca-cert-file "$tls/ca.pem" --tls-auth-clients no \
+    --user default off --user seckill on '>seckill-tls' '~*' '&*' '+@all' \
+    --dir "$dir/redis-6380" --logfile "$dir/redis-6380/redis.log" --pidfile "$dir/redis-6380/redis.pid"
+  wait_for 10 "redis (TLS) on 6380" redis_tls_up
+  say "redis (TLS) on 6380: started"
+fi
+
 cluster_ok() { redis-cli -p 7000 cluster info 2>/dev/null | grep -q 'cluster_state:ok'; }
 if ! cluster_ok; then
   if [ "$(redis-cli -p 7000 cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" = 1 ]; then
@@ -64,12 +108,50 @@ if ! cluster_ok; then
 fi
 say "redis cluster on 7000-7002: $(redis-cli -p 7000 cluster info | grep -E '^cluster_(state|known_nodes)' | tr -d '\r' | tr '\n' ' ')"
 
+# The same Cluster shape over TLS (client and cluster bus), with a password: 7100-7102.
+tls_cli() { redis-cli --tls --cacert "$tls/ca.pem" -a seckill-tls --no-auth-warning "$@"; }
+for port in 7100 7101 7102; do
+  if [ "$(tls_cli -p "$port" ping 2>/dev/null)" = PONG ]; then continue; fi
+  mkdir -p "$dir/redis-$port"
+  redis-server --port 0 --tls-port "$port" --bind 127.0.0.1 --daemonize yes --save '' --appendonly no \
+    --tls-cert-file "$tls/server.pem" --tls-key-file "$tls/server.key" --tls-ca-cert-file "$tls/ca.pem" \
+    --tls-auth-clients no --tls-cluster yes --requirepass seckill-tls --masterauth seckill-tls \
+    --cluster-enabled yes --cluster-config-file "$dir/redis-$port/nodes.conf" --cluster-node-timeout 5000 \
+    --dir "$dir/redis-$port" --logfile "$dir/redis-$port/redis.log" --pidfile "$dir/redis-$port/redis.pid"
+  wait_for 10 "redis (TLS cluster) on $port" sh -c "[ \"\$(redis-cli --tls --cacert '$tls/ca.pem' -a seckill-tls --no-auth-warning -p $port ping)\" = PONG ]"
+done
+tls_cluster_ok() { tls_cli -p 7100 cluster info 2>/dev/null | grep -q 'cluster_state:ok'; }
+if ! tls_cluster_ok; then
+  if [ "$(tls_cli -p 7100 cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')" = 1 ]; then
+    tls_cli --cluster create 127.0.0.1:7100 127.0.0.1:7101 127.0.0.1:7102 \
+      --cluster-replicas 0 --cluster-yes >"$dir/redis-tls-cluster-create.log"
+  fi
+  wait_for 30 "redis TLS cluster state ok" tls_cluster_ok
+fi
+say "redis TLS cluster on 7100-7102: $(tls_cli -p 7100 cluster info | grep -E '^cluster_(state|known_nodes)' | tr -d '\r' | tr '\n' ' ')"
+
 # ---------------------------------------------------------------------------------------------
 # MariaDB
 
 command -v mariadbd >/dev/null || { say "installing mariadb-server"; apt_install mariadb-server mariadb-client; }
 
 mariadb_up() { mariadb-admin --protocol=socket ping >/dev/null 2>&1; }
+# TLS for MariaDB: the server's files where the mysql user can read them, named in a config file
+# the packaged server reads at start. A server running without them is restarted.
+mkdir -p /etc/mysql/seckill-tls /etc/mysql/mariadb.conf.d
+cp "$tls/ca.pem" "$tls/server.pem" "$tls/server.key" /etc/mysql/seckill-tls/
+chown -R mysql:mysql /etc/mysql/seckill-tls 2>/dev/null || true
+cat >/etc/mysql/mariadb.conf.d/90-seckill-tls.cnf <<'CNF'
+[mariadbd]
+ssl_ca = /etc/mysql/seckill-tls/ca.pem
+ssl_cert = /etc/mysql/seckill-tls/server.pem
+ssl_key = /etc/mysql/seckill-tls/server.key
+CNF
+if mariadb_up && [ "$(mariadb --protocol=socket -N -e "SELECT @@have_ssl" 2>/dev/null)" != YES ]; then
+  say "mariadb: restarting to enable TLS"
+  mariadb-admin --protocol=socket shutdown
+  wait_for 60 "mariadb to stop" sh -c '! mariadb-admin --protocol=socket ping'
+fi
 if ! mariadb_up; then
   # No systemd in a container: the Debian init script starts mysqld_safe with the packaged config.
   service mariadb start >/dev/null 2>&1 || {
@@ -88,6 +170,8 @@ CREATE USER IF NOT EXISTS 'seckill'@'localhost' IDENTIFIED BY 'seckill';
 CREATE USER IF NOT EXISTS 'seckill'@'127.0.0.1' IDENTIFIED BY 'seckill';
 GRANT ALL PRIVILEGES ON `seckill%`.* TO 'seckill'@'localhost';
 GRANT ALL PRIVILEGES ON `seckill%`.* TO 'seckill'@'127.0.0.1';
+CREATE USER IF NOT EXISTS 'seckill_tls'@'127.0.0.1' IDENTIFIED BY 'seckill-tls' REQUIRE SSL;
+GRANT ALL PRIVILEGES ON `seckill%`.* TO 'seckill_tls'@'127.0.0.1';
 FLUSH PRIVILEGES;
 SQL
 
@@ -108,9 +192,14 @@ kafka_class() { java -cp "$libs/*" "$@" 2>&1 | grep -v '^SLF4J'; }
 kafka_up() { kafka_class org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+if port_open 9092 && ! port_open 9094; then
+  say "kafka: restarting to add the SASL_SSL listener on 9094"
+  pkill -f 'kafka[.]Kafka ' || true
+  wait_for 60 "kafka to stop" sh -c "! (exec 3<>/dev/tcp/127.0.0.1/9092) 2>/dev/null"
+fi
 if ! port_open 9092; then
   mkdir -p "$kafka_dir/data"
-  sed "s|@DATA@|$kafka_dir/data|" ci/kafka/server.properties >"$kafka_dir/server.properties"
+  sed -e "s|@DATA@|$kafka_dir/data|" -e "s|@TLS@|$tls|" ci/kafka/server.properties >"$kafka_dir/server.properties"
   if [ ! -f "$kafka_dir/data/meta.properties" ]; then
     cluster_id=$(kafka_class kafka.tools.StorageTool random-uuid | tail -1)
     kafka_class kafka.tools.StorageTool format -t "$cluster_id" -c "$kafka_dir/server.properties" >/dev/null
@@ -118,6 +207,7 @@ if ! port_open 9092; then
   (setsid java -Xms256m -Xmx512m -cp "$libs/*" kafka.Kafka "$kafka_dir/server.properties" \
     >"$kafka_dir/kafka.out" 2>&1 &)
   wait_for 90 "kafka on 9092" port_open 9092
+  wait_for 30 "kafka (SASL_SSL) on 9094" port_open 9094
   say "kafka: started"
 else
   say "kafka: already running"
@@ -140,6 +230,11 @@ export REDIS_URL=redis://127.0.0.1:6379
 export REDIS_CLUSTER_NODES=redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002
 export DATABASE_URL=mysql://seckill:seckill@127.0.0.1:3306/seckill
 export KAFKA_BROKERS=127.0.0.1:9092
+export REDIS_TLS_URL=rediss://seckill:seckill-tls@127.0.0.1:6380
+export REDIS_TLS_CLUSTER_NODES=rediss://:seckill-tls@127.0.0.1:7100,rediss://:seckill-tls@127.0.0.1:7101,rediss://:seckill-tls@127.0.0.1:7102
+export DATABASE_TLS_URL='mysql://seckill_tls:seckill-tls@127.0.0.1:3306/seckill?ssl-mode=verify_identity&ssl-ca=$tls/ca.pem'
+export KAFKA_TLS_BROKERS=127.0.0.1:9094
+export SECKILL_TEST_CA_FILE=$tls/ca.pem
 export REDIS_SERVER_BIN=$(command -v redis-server)
 export KAFKA_LIBS=$libs
 EOF

@@ -2,11 +2,21 @@
 //! not durable); with them, the real adapters: Redis (one server or a Cluster), Apache Kafka and
 //! MySQL / MariaDB. Settings come from the environment, each checked with an error naming the
 //! variable, so a typo never silently falls back to the embedded stores.
+//!
+//! TLS and credentials, per store: Redis by `rediss://` URLs (`user:password@` in the URL) with
+//! `SECKILL_REDIS_CA_FILE` (else the system's roots) and, for mutual TLS,
+//! `SECKILL_REDIS_CERT_FILE` + `SECKILL_REDIS_KEY_FILE`; MySQL by `DATABASE_URL`'s own options
+//! (`?ssl-mode=verify_identity&ssl-ca=/path/ca.pem`, also `ssl-cert` / `ssl-key`); Kafka by
+//! `SECKILL_KAFKA_SECURITY_PROTOCOL` (`plaintext`, `ssl`, `sasl_plaintext`, `sasl_ssl`) with
+//! `SECKILL_KAFKA_CA_FILE` / `_CERT_FILE` / `_KEY_FILE` and `SECKILL_KAFKA_SASL_MECHANISM` /
+//! `_USERNAME` / `_PASSWORD`. Every file is checked here (it exists and holds PEM).
 
-use crate::adapters::kafka::{KafkaBus, KafkaConfig};
+use crate::adapters::kafka::{KafkaBus, KafkaConfig, KafkaSecurity, Sasl};
 use crate::adapters::mysql::{MysqlConfig, MysqlLedger};
 use crate::adapters::redis::{connect_stock_cache, RedisConfig, RedisStockCache};
+use crate::adapters::{Secret, TlsFiles};
 use crate::ports::{OrderBus, PortError};
+use std::path::PathBuf;
 
 pub use crate::service::consumer::ORDER_GROUP;
 pub const DEFAULT_TOPIC: &str = "seckill.orders";
@@ -30,6 +40,136 @@ fn bad(var: &'static str, reason: impl Into<String>) -> SettingError {
         var,
         reason: reason.into(),
     }
+}
+
+/// A PEM file named by `var`, if set: it must be readable and hold a PEM block.
+/// A store URL fit for an error message, as written but for its password (`***`).
+fn redacted(u: &str) -> String {
+    let Some((scheme, rest)) = u.split_once("://") else {
+        return u.to_string();
+    };
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    match authority
+        .rfind('@')
+        .map(|at| (at, authority[..at].split_once(':')))
+    {
+        Some((at, Some((user, _)))) => format!("{scheme}://{user}:***{}", &rest[at..]),
+        _ => u.to_string(),
+    }
+}
+
+fn pem_file(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Option<PathBuf>, SettingError> {
+    let Some(path) = get(var) else { return Ok(None) };
+    let text = std::fs::read(&path).map_err(|e| bad(var, format!("{path:?}: {e}")))?;
+    if !text.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(bad(var, format!("{path:?} is not a PEM file")));
+    }
+    Ok(Some(PathBuf::from(path)))
+}
+
+/// `PREFIX_CA_FILE`, `PREFIX_CERT_FILE`, `PREFIX_KEY_FILE` (a certificate needs its key and a
+/// key its certificate). `None` when none is set.
+fn tls_files(
+    get: &impl Fn(&str) -> Option<String>,
+    [ca, cert, key]: [&'static str; 3],
+) -> Result<Option<TlsFiles>, SettingError> {
+    let ca = pem_file(get, ca)?;
+    let client = match (pem_file(get, cert)?, pem_file(get, key)?) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(bad(
+                key,
+                format!("not set ({cert} is: a client certificate needs its key)"),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(bad(
+                cert,
+                format!("not set ({key} is: a client key needs its certificate)"),
+            ))
+        }
+    };
+    Ok((ca.is_some() || client.is_some()).then_some(TlsFiles { ca, client }))
+}
+
+const REDIS_TLS: [&str; 3] = [
+    "SECKILL_REDIS_CA_FILE",
+    "SECKILL_REDIS_CERT_FILE",
+    "SECKILL_REDIS_KEY_FILE",
+];
+const KAFKA_TLS: [&str; 3] = [
+    "SECKILL_KAFKA_CA_FILE",
+    "SECKILL_KAFKA_CERT_FILE",
+    "SECKILL_KAFKA_KEY_FILE",
+];
+
+fn kafka_security(get: &impl Fn(&str) -> Option<String>) -> Result<KafkaSecurity, SettingError> {
+    const VAR: &str = "SECKILL_KAFKA_SECURITY_PROTOCOL";
+    let protocol = get(VAR)
+        .unwrap_or_else(|| "plaintext".into())
+        .trim()
+        .to_ascii_lowercase();
+    let (tls, sasl) = match protocol.as_str() {
+        "plaintext" => (false, false),
+        "ssl" => (true, false),
+        "sasl_plaintext" => (false, true),
+        "sasl_ssl" => (true, true),
+        _ => {
+            return Err(bad(
+                VAR,
+                format!("{protocol:?} is not one of plaintext, ssl, sasl_plaintext, sasl_ssl"),
+            ))
+        }
+    };
+    let files = tls_files(get, KAFKA_TLS)?;
+    if files.is_some() && !tls {
+        let set = KAFKA_TLS.into_iter().find(|v| get(v).is_some()).unwrap_or(VAR);
+        return Err(bad(
+            set,
+            format!("set, but {VAR} is {protocol} (ssl or sasl_ssl uses it)"),
+        ));
+    }
+    let sasl = if sasl {
+        let need =
+            |var: &'static str| get(var).ok_or_else(|| bad(var, format!("not set ({VAR} is {protocol})")));
+        const MECH: &str = "SECKILL_KAFKA_SASL_MECHANISM";
+        let mechanism = need(MECH)?.trim().to_ascii_uppercase();
+        if !["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"].contains(&mechanism.as_str()) {
+            return Err(bad(
+                MECH,
+                format!("{mechanism:?} is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+            ));
+        }
+        Some(Sasl {
+            mechanism,
+            username: need("SECKILL_KAFKA_SASL_USERNAME")?,
+            password: Secret(need("SECKILL_KAFKA_SASL_PASSWORD")?),
+        })
+    } else {
+        None
+    };
+    Ok(KafkaSecurity {
+        tls: tls.then(|| files.unwrap_or_default()),
+        sasl,
+    })
+}
+
+/// `DATABASE_URL` as sqlx reads it, and the files its `ssl-ca` / `ssl-cert` / `ssl-key` name.
+fn check_database_url(db: &str) -> Result<(), SettingError> {
+    const VAR: &str = "DATABASE_URL";
+    use std::str::FromStr;
+    sqlx::mysql::MySqlConnectOptions::from_str(db).map_err(|e| bad(VAR, e.to_string()))?;
+    let url = url::Url::parse(db).map_err(|e| bad(VAR, e.to_string()))?;
+    for (k, v) in url.query_pairs() {
+        if ["ssl-ca", "ssl-cert", "ssl-key"].contains(&k.as_ref()) {
+            pem_file(&|_| Some(v.to_string()), VAR).map_err(|e| bad(VAR, format!("{k}: {}", e.reason)))?;
+        }
+    }
+    Ok(())
 }
 
 impl RealSettings {
@@ -59,16 +199,48 @@ impl RealSettings {
             (None, Some(url)) => RedisConfig::single(&url),
             (None, None) => return Err(bad("REDIS_URL", "not set (the other stores are)")),
         };
+        let mut redis = redis;
+        let redis_var = if redis.cluster {
+            "REDIS_CLUSTER_NODES"
+        } else {
+            "REDIS_URL"
+        };
+        let tls_urls = redis.urls.iter().filter(|u| u.starts_with("rediss://")).count();
         for url in &redis.urls {
-            if !url.starts_with("redis://") {
-                return Err(bad("REDIS_URL", format!("{url:?} is not a redis:// URL")));
+            if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+                return Err(bad(
+                    redis_var,
+                    format!("{:?} is not a redis:// or rediss:// URL", redacted(url)),
+                ));
             }
+        }
+        let files = tls_files(&get, REDIS_TLS)?;
+        if tls_urls == 0 {
+            if files.is_some() {
+                let set = REDIS_TLS
+                    .into_iter()
+                    .find(|v| get(v).is_some())
+                    .unwrap_or(redis_var);
+                return Err(bad(
+                    set,
+                    format!("set, but {redis_var} is redis:// (rediss:// is TLS)"),
+                ));
+            }
+        } else if tls_urls < redis.urls.len() {
+            return Err(bad(redis_var, "mixes redis:// and rediss:// nodes"));
+        } else {
+            redis.tls = Some(files.unwrap_or_default());
         }
         let brokers = brokers.ok_or_else(|| bad("KAFKA_BROKERS", "not set (the other stores are)"))?;
         let db = db.ok_or_else(|| bad("DATABASE_URL", "not set (the other stores are)"))?;
         if !db.starts_with("mysql://") && !db.starts_with("mariadb://") {
-            return Err(bad("DATABASE_URL", format!("{db:?} is not a mysql:// URL")));
+            return Err(bad(
+                "DATABASE_URL",
+                format!("{:?} is not a mysql:// URL", redacted(&db)),
+            ));
         }
+        let db = db.replacen("mariadb://", "mysql://", 1);
+        check_database_url(&db)?;
         let topic = get("SECKILL_TOPIC").unwrap_or_else(|| DEFAULT_TOPIC.to_string());
         if topic.is_empty()
             || !topic
@@ -92,10 +264,11 @@ impl RealSettings {
         };
         kafka.partitions = count("SECKILL_TOPIC_PARTITIONS", 10_000, kafka.partitions)?;
         kafka.replication = count("SECKILL_TOPIC_REPLICATION", 32, kafka.replication)?;
+        kafka.security = kafka_security(&get)?;
         Ok(Some(RealSettings {
             redis,
             kafka,
-            mysql: MysqlConfig::new(&db.replacen("mariadb://", "mysql://", 1)),
+            mysql: MysqlConfig::new(&db),
         }))
     }
 }
@@ -182,6 +355,62 @@ mod tests {
             let e = settings(&wrong).unwrap_err();
             assert_eq!(e.var, var, "{e}");
             assert!(e.reason.contains(value), "{e}");
+        }
+    }
+
+    #[test]
+    fn tls_follows_the_url_scheme_and_the_security_protocol() {
+        let ca = std::env::temp_dir().join(format!("seckill-backend-ca-{}.pem", std::process::id()));
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n").unwrap();
+        let ca = ca.to_str().unwrap();
+        let base = [
+            ("REDIS_URL", "rediss://u:p@h:6380"),
+            ("KAFKA_BROKERS", "k:9094"),
+            ("DATABASE_URL", "mysql://u@h/d?ssl-mode=verify_ca"),
+        ];
+        let s = settings(&base).unwrap().unwrap();
+        assert_eq!(
+            s.redis.tls,
+            Some(TlsFiles::default()),
+            "rediss:// with the system's roots"
+        );
+        assert_eq!(s.kafka.security.protocol(), "plaintext");
+        let mut all = base.to_vec();
+        all.extend([
+            ("SECKILL_REDIS_CA_FILE", ca),
+            ("SECKILL_KAFKA_SECURITY_PROTOCOL", "SASL_SSL"),
+            ("SECKILL_KAFKA_CA_FILE", ca),
+            ("SECKILL_KAFKA_SASL_MECHANISM", "scram-sha-512"),
+            ("SECKILL_KAFKA_SASL_USERNAME", "seckill"),
+            ("SECKILL_KAFKA_SASL_PASSWORD", "pw"),
+        ]);
+        let s = settings(&all).unwrap().unwrap();
+        assert_eq!(
+            s.redis.tls.as_ref().and_then(|t| t.ca.as_deref()),
+            Some(std::path::Path::new(ca))
+        );
+        assert_eq!(s.kafka.security.protocol(), "sasl_ssl");
+        let sasl = s.kafka.security.sasl.as_ref().unwrap();
+        assert_eq!(sasl.mechanism, "SCRAM-SHA-512");
+        assert!(
+            !format!("{s:?}").contains("\"pw\""),
+            "the password is never printed: {s:?}"
+        );
+        let mut mixed = base.to_vec();
+        mixed[0] = ("REDIS_CLUSTER_NODES", "rediss://a:7000,redis://b:7001");
+        mixed.push(("SECKILL_REDIS_CLUSTER", "1"));
+        assert_eq!(settings(&mixed).unwrap_err().var, "REDIS_CLUSTER_NODES");
+        let mut plain_with_ca = base.to_vec();
+        plain_with_ca[0] = ("REDIS_URL", "redis://h");
+        plain_with_ca.push(("SECKILL_REDIS_CA_FILE", ca));
+        assert_eq!(settings(&plain_with_ca).unwrap_err().var, "SECKILL_REDIS_CA_FILE");
+        for (u, shown) in [
+            ("redis://u:secret@h:1/0", "redis://u:***@h:1/0"),
+            ("redis://:secret@h", "redis://:***@h"),
+            ("redis://h:1", "redis://h:1"),
+            ("mysql://u@h/d", "mysql://u@h/d"),
+        ] {
+            assert_eq!(redacted(u), shown);
         }
     }
 

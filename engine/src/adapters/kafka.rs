@@ -11,12 +11,13 @@
 //! failed batch is delivered again. librdkafka's offset calls block, so they run on the blocking
 //! pool, never on an async worker.
 
+use crate::adapters::{Secret, TlsFiles};
 use crate::domain::Reservation;
 use crate::ports::{Delivery, OrderBus, OrderSource, PortError, PortResult};
 use futures::FutureExt;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
@@ -40,6 +41,35 @@ pub struct KafkaConfig {
     pub poll_wait: Duration,
     /// Bound on metadata / offset calls to the broker.
     pub request_timeout: Duration,
+    /// How every client (producer, consumers, admin) reaches the brokers.
+    pub security: KafkaSecurity,
+}
+
+/// librdkafka's `security.protocol` and what goes with it: TLS files for `ssl` / `sasl_ssl`,
+/// a SASL mechanism and credentials for `sasl_plaintext` / `sasl_ssl`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KafkaSecurity {
+    pub tls: Option<TlsFiles>,
+    pub sasl: Option<Sasl>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sasl {
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` (built into librdkafka; GSSAPI is not).
+    pub mechanism: String,
+    pub username: String,
+    pub password: Secret,
+}
+
+impl KafkaSecurity {
+    pub fn protocol(&self) -> &'static str {
+        match (&self.tls, &self.sasl) {
+            (None, None) => "plaintext",
+            (Some(_), None) => "ssl",
+            (None, Some(_)) => "sasl_plaintext",
+            (Some(_), Some(_)) => "sasl_ssl",
+        }
+    }
 }
 
 impl KafkaConfig {
@@ -53,6 +83,7 @@ impl KafkaConfig {
             message_timeout: Duration::from_secs(3),
             poll_wait: Duration::from_millis(500),
             request_timeout: Duration::from_secs(5),
+            security: KafkaSecurity::default(),
         }
     }
 }
@@ -68,22 +99,55 @@ pub struct KafkaBus {
 /// marks the bus down at once; a delivery or a probe that reached a broker marks it up again.
 /// A merely slow broker never marks it down (its publishes time out as "outcome unknown").
 #[derive(Clone, Default)]
-pub struct Health(Arc<Mutex<Option<String>>>);
+pub struct Health {
+    down: Arc<Mutex<Option<String>>>,
+    /// The client's latest error of any kind (an SSL handshake or SASL failure, say): an admin
+    /// or metadata call that times out names it, instead of a bare "timed out".
+    last_error: Arc<Mutex<Option<String>>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 impl Health {
+    /// `None`: a broker answered, and any earlier error is history.
     fn set(&self, down: Option<String>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = down;
+        if down.is_none() {
+            *locked(&self.last_error) = None;
+        }
+        *locked(&self.down) = down;
     }
 
     fn get(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        locked(&self.down).clone()
+    }
+
+    /// `e`, with the client's latest error appended when there is one.
+    fn explain(&self, op: &'static str, e: KafkaError) -> PortError {
+        match locked(&self.last_error).clone() {
+            Some(last) => PortError::determinate(op, format!("{e} (latest client error: {last})")),
+            None => kafka_err(op, e),
+        }
     }
 }
 
 impl ClientContext for Health {
+    /// librdkafka's own log lines (errors only: `log_level` 3). They come straight from its
+    /// threads, unlike `error`, which an admin client's unpolled main queue never delivers: an SSL
+    /// handshake or SASL failure is known here first.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        if (level as i32) <= RDKafkaLogLevel::Error as i32 {
+            *locked(&self.last_error) = Some(format!("{fac}: {message}"));
+        }
+        tracing::warn!(facility = fac, "librdkafka: {message}");
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if let KafkaError::Global(RDKafkaErrorCode::AllBrokersDown) = error {
             self.set(Some(format!("no broker reachable ({reason})")));
+        } else {
+            *locked(&self.last_error) = Some(format!("{error}: {reason}"));
         }
         tracing::warn!(error = %error, reason, "kafka client error");
     }
@@ -93,7 +157,24 @@ fn client_config(cfg: &KafkaConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &cfg.brokers)
         // librdkafka logs to stderr by default; its errors reach us as results.
-        .set("log_level", "3");
+        .set("log_level", "3")
+        .set("security.protocol", cfg.security.protocol());
+    if let Some(tls) = &cfg.security.tls {
+        // Unset: OpenSSL's default roots. The broker's name is checked against its certificate
+        // (librdkafka's default `ssl.endpoint.identification.algorithm=https`).
+        if let Some(ca) = &tls.ca {
+            c.set("ssl.ca.location", ca.display().to_string());
+        }
+        if let Some((cert, key)) = &tls.client {
+            c.set("ssl.certificate.location", cert.display().to_string())
+                .set("ssl.key.location", key.display().to_string());
+        }
+    }
+    if let Some(sasl) = &cfg.security.sasl {
+        c.set("sasl.mechanisms", &sasl.mechanism)
+            .set("sasl.username", &sasl.username)
+            .set("sasl.password", &sasl.password.0);
+    }
     c
 }
 
@@ -135,9 +216,31 @@ impl KafkaBus {
         &self.cfg
     }
 
+    /// A blocking call on the producer's client; its failure names the client's latest error.
+    async fn producer_call(
+        &self,
+        op: &'static str,
+        f: impl FnOnce() -> Result<(), KafkaError> + Send + 'static,
+    ) -> PortResult<()> {
+        match tokio::task::spawn_blocking(f).await {
+            Ok(r) => r.map_err(|e| self.health.explain(op, e)),
+            Err(e) => Err(PortError::indeterminate(op, e.to_string())),
+        }
+    }
+
     /// Create the order topic and its DLQ with the configured partition count (existing topics
     /// are left as they are).
     pub async fn ensure_topics(&self) -> PortResult<()> {
+        // Reach a broker first, through the producer: its errors (an SSL handshake, a SASL
+        // login) are delivered to `Health`, while an admin client's are never polled and its
+        // failure is a bare timeout. All topics' metadata: asking for ours could auto-create it
+        // with the broker's defaults.
+        let (producer, timeout) = (self.producer.clone(), self.cfg.request_timeout);
+        self.producer_call("kafka metadata", move || {
+            use rdkafka::producer::Producer;
+            producer.client().fetch_metadata(None, timeout).map(drop)
+        })
+        .await?;
         let admin: AdminClient<DefaultClientContext> = client_config(&self.cfg)
             .create()
             .map_err(|e| kafka_err("kafka admin", e))?;
@@ -153,7 +256,9 @@ impl KafkaBus {
                 TopicReplication::Fixed(self.cfg.replication),
             ),
         ];
-        let opts = AdminOptions::new().operation_timeout(Some(self.cfg.request_timeout));
+        let opts = AdminOptions::new()
+            .operation_timeout(Some(self.cfg.request_timeout))
+            .request_timeout(Some(self.cfg.request_timeout));
         let results = admin
             .create_topics(&topics, &opts)
             .await
@@ -252,10 +357,11 @@ impl OrderBus for KafkaBus {
             self.cfg.topic.clone(),
             self.cfg.request_timeout,
         );
-        let answer = blocking("probe", move || {
-            producer.client().fetch_metadata(Some(&topic), timeout).map(drop)
-        })
-        .await;
+        let answer = self
+            .producer_call("probe", move || {
+                producer.client().fetch_metadata(Some(&topic), timeout).map(drop)
+            })
+            .await;
         self.health.set(answer.as_ref().err().map(|e| e.to_string()));
         answer
     }

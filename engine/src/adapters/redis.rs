@@ -6,23 +6,30 @@
 //! Cluster mode needs nothing special: every script touches the keys of one bucket, which share
 //! the hash tag `{A.b}` (DESIGN §4), so EVALSHA is routed by its first key to the bucket's node.
 //!
+//! TLS: `rediss://` URLs (one server or every cluster node), trusting `RedisConfig::tls`'s CA
+//! file or else the system's roots; credentials go in the URL (`rediss://user:password@host`).
+//!
 //! Failure mapping (DESIGN §3): an answer from the server, error replies included, is a `Reply`;
 //! a refused connection is `Determinate` (nothing was sent); a timeout or a dropped connection is
 //! `Indeterminate` (the script may have run). Every call is bounded by `RedisConfig::timeout`.
 
 use crate::adapters::script::{Reply, ScriptConn, ScriptedStockCache};
+use crate::adapters::TlsFiles;
 use crate::ports::{PortError, PortResult};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, Value};
+use redis::{ClientTlsConfig, ErrorKind, RedisError, TlsCertificates, Value};
 use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `redis://host:port` of one server, or several cluster nodes (seed list).
+    /// `redis://host:port` (or `rediss://` for TLS) of one server, or several cluster nodes
+    /// (seed list).
     pub urls: Vec<String>,
     pub cluster: bool,
+    /// Set with `rediss://` URLs: what to trust and how to prove who we are.
+    pub tls: Option<TlsFiles>,
     /// Bound on one script call, connect included: past it the outcome is unknown.
     pub timeout: Duration,
 }
@@ -32,6 +39,7 @@ impl RedisConfig {
         RedisConfig {
             urls: vec![url.to_string()],
             cluster: false,
+            tls: None,
             timeout: Duration::from_millis(500),
         }
     }
@@ -45,9 +53,28 @@ impl RedisConfig {
                 .filter(|s| !s.is_empty())
                 .collect(),
             cluster: true,
+            tls: None,
             timeout: Duration::from_millis(500),
         }
     }
+}
+
+fn read_pem(path: &std::path::Path) -> PortResult<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| PortError::determinate("redis connect", format!("reading {}: {e}", path.display())))
+}
+
+fn certificates(tls: &TlsFiles) -> PortResult<TlsCertificates> {
+    Ok(TlsCertificates {
+        client_tls: match &tls.client {
+            Some((cert, key)) => Some(ClientTlsConfig {
+                client_cert: read_pem(cert)?,
+                client_key: read_pem(key)?,
+            }),
+            None => None,
+        },
+        root_cert: tls.ca.as_deref().map(read_pem).transpose()?,
+    })
 }
 
 /// A cheap-to-clone handle (both connection kinds multiplex over shared sockets).
@@ -62,13 +89,15 @@ impl RedisConn {
         let fail = |e: RedisError| PortError::determinate("redis connect", e.to_string());
         let connect = async {
             if cfg.cluster {
-                let client = ClusterClient::builder(cfg.urls.clone())
+                let mut builder = ClusterClient::builder(cfg.urls.clone())
                     .connection_timeout(cfg.timeout)
                     .response_timeout(cfg.timeout)
                     // A node that is down must fail the call fast (503), not be retried for seconds.
-                    .retries(1)
-                    .build()
-                    .map_err(fail)?;
+                    .retries(1);
+                if let Some(tls) = &cfg.tls {
+                    builder = builder.certs(certificates(tls)?);
+                }
+                let client = builder.build().map_err(fail)?;
                 Ok(RedisConn::Cluster(
                     client.get_async_connection().await.map_err(fail)?,
                 ))
@@ -77,7 +106,11 @@ impl RedisConn {
                     .urls
                     .first()
                     .ok_or_else(|| PortError::determinate("redis connect", "no url"))?;
-                let client = redis::Client::open(url.as_str()).map_err(fail)?;
+                let client = match &cfg.tls {
+                    Some(tls) => redis::Client::build_with_tls(url.as_str(), certificates(tls)?),
+                    None => redis::Client::open(url.as_str()),
+                }
+                .map_err(fail)?;
                 let manager_cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(cfg.timeout))
                     .set_response_timeout(Some(cfg.timeout))

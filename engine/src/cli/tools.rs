@@ -277,13 +277,16 @@ pub fn serve(
                 cfg.admin_listen,
                 match &settings {
                     Some(s) => format!(
-                        "real (redis: {} node(s){}, kafka {} topic {} x{} partitions, replication {})",
+                        "real (redis: {} node(s){}{}, kafka {} ({}) topic {} x{} partitions, replication {}, mysql{})",
                         s.redis.urls.len(),
                         if s.redis.cluster { ", cluster" } else { "" },
+                        if s.redis.tls.is_some() { ", tls" } else { "" },
                         s.kafka.brokers,
+                        s.kafka.security.protocol(),
                         s.kafka.topic,
                         s.kafka.partitions,
-                        s.kafka.replication
+                        s.kafka.replication,
+                        if s.mysql.url.contains("ssl-mode=") { " (ssl-mode in its URL)" } else { "" }
                     ),
                     None => "embedded (not durable)".to_string(),
                 }

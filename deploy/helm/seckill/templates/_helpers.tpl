@@ -37,3 +37,20 @@ app.kubernetes.io/component: {{ .role }}
       name: {{ include "seckill.secretName" .root }}
       key: {{ .key }}
 {{- end -}}
+
+{{/* Kafka SASL is on (sasl_plaintext or sasl_ssl). */}}
+{{- define "seckill.kafkaSasl" -}}
+{{- if hasPrefix "sasl_" .Values.stores.kafka.securityProtocol }}true{{ end -}}
+{{- end -}}
+
+{{/* The stores' TLS Secret, mounted (a volumeMounts item and a volumes item). */}}
+{{- define "seckill.tlsMount" -}}
+- name: store-tls
+  mountPath: /etc/seckill/tls
+  readOnly: true
+{{- end -}}
+{{- define "seckill.tlsVolume" -}}
+- name: store-tls
+  secret:
+    secretName: {{ .Values.tls.secret }}
+{{- end -}}

@@ -127,7 +127,7 @@ fn bad_settings_are_named_and_nothing_runs() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out).contains("REDIS_URL: \"http://127.0.0.1:6379\" is not a redis:// URL"),
+        text(&out).contains("REDIS_URL: \"http://127.0.0.1:6379\" is not a redis:// or rediss:// URL"),
         "{}",
         text(&out)
     );
@@ -141,4 +141,178 @@ fn bad_settings_are_named_and_nothing_runs() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("no stores configured"), "{}", text(&out));
+}
+
+/// The TLS endpoints `ci/services.sh` starts: Redis on a TLS-only port with an ACL user, MariaDB's
+/// user that `REQUIRE`s SSL, Kafka's SASL_SSL listener. Each refuses a plaintext client, so a
+/// sale that completes went over TLS on all three.
+fn tls_env(ca: &str) -> Option<Vec<(&'static str, String)>> {
+    Some(vec![
+        ("REDIS_URL", service("REDIS_TLS_URL")?),
+        ("SECKILL_REDIS_CA_FILE", ca.to_string()),
+        ("DATABASE_URL", service("DATABASE_TLS_URL")?),
+        ("KAFKA_BROKERS", service("KAFKA_TLS_BROKERS")?),
+        ("SECKILL_KAFKA_SECURITY_PROTOCOL", "sasl_ssl".into()),
+        ("SECKILL_KAFKA_CA_FILE", ca.to_string()),
+        ("SECKILL_KAFKA_SASL_MECHANISM", "PLAIN".into()),
+        ("SECKILL_KAFKA_SASL_USERNAME", "seckill".into()),
+        ("SECKILL_KAFKA_SASL_PASSWORD", "seckill-sasl".into()),
+    ])
+}
+
+#[test]
+fn a_sale_runs_over_tls_with_credentials_on_every_store() {
+    let Some(ca) = service("SECKILL_TEST_CA_FILE") else {
+        return;
+    };
+    let Some(env) = tls_env(&ca) else { return };
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let activity = unique_id();
+    let topic = format!("seckill.test.tls.{activity}");
+    let report = demo_json(
+        activity,
+        &["--users", "3000", "--stock", "300", "--buckets", "8"],
+        &topic,
+        &env,
+    );
+    assert_eq!(report["units_sold"], 300, "{report}");
+    assert_eq!(report["orders_created"], 300, "{report}");
+    assert_eq!(report["verdict"], "ok", "{report}");
+
+    // What goes wrong is said: without the CA (the system's roots do not know it), with a wrong
+    // password, and MariaDB's TLS user over plaintext.
+    let id = activity.to_string();
+    let audit = |change: &[(&str, Option<&str>)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill"));
+        cmd.args(["audit", "--activity", &id])
+            .env("SECKILL_TOPIC", &topic);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        for (k, v) in change {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{change:?}: {}", text(&out));
+        text(&out)
+    };
+    let shown = audit(&[("SECKILL_REDIS_CA_FILE", None)]);
+    assert!(
+        shown.contains("redis connect") && shown.contains("certificate"),
+        "{shown}"
+    );
+    let shown = audit(&[("SECKILL_KAFKA_CA_FILE", None)]);
+    assert!(
+        shown.contains("SSL handshake failed") && shown.contains("certificate verify failed"),
+        "{shown}"
+    );
+    let shown = audit(&[("SECKILL_KAFKA_SASL_PASSWORD", Some("wrong"))]);
+    assert!(shown.contains("SASL authentication error"), "{shown}");
+    let redis_url = env.iter().find(|(k, _)| *k == "REDIS_URL").unwrap().1;
+    let shown = audit(&[("REDIS_URL", Some(&redis_url.replace(":seckill-tls@", ":wrong@")))]);
+    assert!(
+        shown.contains("redis connect") && shown.contains("authentication failed"),
+        "{shown}"
+    );
+    let db = env.iter().find(|(k, _)| *k == "DATABASE_URL").unwrap().1;
+    let plain = format!("{}?ssl-mode=disabled", db.split('?').next().unwrap());
+    let shown = audit(&[("DATABASE_URL", Some(&plain))]);
+    assert!(shown.contains("Access denied"), "{shown}");
+}
+
+#[test]
+fn demo_sells_out_on_the_redis_cluster_over_tls() {
+    let (Some(nodes), Some(ca), Some(_), Some(_)) = (
+        service("REDIS_TLS_CLUSTER_NODES"),
+        service("SECKILL_TEST_CA_FILE"),
+        service("KAFKA_BROKERS"),
+        service("DATABASE_URL"),
+    ) else {
+        return;
+    };
+    let activity = unique_id();
+    let topic = format!("seckill.test.tls.{activity}");
+    let report = demo_json(
+        activity,
+        &["--users", "3000", "--stock", "300", "--buckets", "12"],
+        &topic,
+        &[
+            ("SECKILL_REDIS_CLUSTER", "1"),
+            ("REDIS_CLUSTER_NODES", &nodes),
+            ("SECKILL_REDIS_CA_FILE", &ca),
+        ],
+    );
+    assert_eq!(report["units_sold"], 300, "{report}");
+    assert_eq!(report["verdict"], "ok", "{report}");
+}
+
+#[test]
+fn tls_settings_are_checked_at_start_and_named() {
+    let Some(ca) = service("SECKILL_TEST_CA_FILE") else {
+        return;
+    };
+    let check = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill"));
+        cmd.args(["audit", "--activity", "1"])
+            .env("REDIS_URL", "rediss://u:secret@127.0.0.1:6380")
+            .env("KAFKA_BROKERS", "127.0.0.1:9094")
+            .env("DATABASE_URL", "mysql://u:p@127.0.0.1/d");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        text(&out)
+    };
+    let shown = check(&[("SECKILL_REDIS_CA_FILE", "/nonexistent/ca.pem")]);
+    assert!(
+        shown.contains("SECKILL_REDIS_CA_FILE: \"/nonexistent/ca.pem\""),
+        "{shown}"
+    );
+    let shown = check(&[("SECKILL_REDIS_CA_FILE", "Cargo.toml")]);
+    assert!(
+        shown.contains("SECKILL_REDIS_CA_FILE: \"Cargo.toml\" is not a PEM file"),
+        "{shown}"
+    );
+    let shown = check(&[("SECKILL_REDIS_CERT_FILE", ca.as_str())]);
+    assert!(shown.contains("SECKILL_REDIS_KEY_FILE: not set"), "{shown}");
+    let shown = check(&[("SECKILL_KAFKA_SECURITY_PROTOCOL", "tls")]);
+    assert!(
+        shown.contains("SECKILL_KAFKA_SECURITY_PROTOCOL: \"tls\" is not one of"),
+        "{shown}"
+    );
+    let shown = check(&[("SECKILL_KAFKA_CA_FILE", ca.as_str())]);
+    assert!(
+        shown.contains("SECKILL_KAFKA_CA_FILE: set, but SECKILL_KAFKA_SECURITY_PROTOCOL is plaintext"),
+        "{shown}"
+    );
+    let shown = check(&[("SECKILL_KAFKA_SECURITY_PROTOCOL", "sasl_ssl")]);
+    assert!(shown.contains("SECKILL_KAFKA_SASL_MECHANISM: not set"), "{shown}");
+    let shown = check(&[
+        ("SECKILL_KAFKA_SECURITY_PROTOCOL", "sasl_ssl"),
+        ("SECKILL_KAFKA_SASL_MECHANISM", "GSSAPI"),
+    ]);
+    assert!(
+        shown.contains("SECKILL_KAFKA_SASL_MECHANISM: \"GSSAPI\" is not one of"),
+        "{shown}"
+    );
+    let shown = check(&[(
+        "DATABASE_URL",
+        "mysql://u:p@127.0.0.1/d?ssl-mode=verify_ca&ssl-ca=/nonexistent.pem",
+    )]);
+    assert!(
+        shown.contains("DATABASE_URL: ssl-ca: \"/nonexistent.pem\""),
+        "{shown}"
+    );
+    let shown = check(&[("DATABASE_URL", "mysql://u:p@127.0.0.1/d?ssl-mode=sometimes")]);
+    assert!(shown.contains("DATABASE_URL: "), "{shown}");
+    let shown = check(&[("REDIS_URL", "http://u:hunter2@127.0.0.1:6379")]);
+    assert!(
+        shown.contains("REDIS_URL: \"http://u:***@127.0.0.1:6379\""),
+        "{shown}"
+    );
+    assert!(!shown.contains("hunter2"), "a password is never printed: {shown}");
 }
