@@ -145,10 +145,12 @@ fn user_id(v: Option<u64>) -> Result<Option<u64>, FieldError> {
 
 /// `POST /api/v1/activities/{id}/token`. The caller is who the JWT says; a `user_id`, if sent,
 /// must be that user (checked by the route).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
+    /// Optional; must be the caller (the JWT's `sub`).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub user_id: Option<u64>,
 }
 
@@ -170,17 +172,25 @@ pub struct PurchaseRequest {
     pub qty: u32,
 }
 
+// As sent, and as the OpenAPI document describes it (doc comments are its descriptions).
+/// A purchase: the token for this activity and user, and how many units.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = PurchaseRequest)]
+pub(crate) struct PurchaseBody {
+    /// Optional; must be the caller (the JWT's `sub`).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    user_id: Option<u64>,
+    /// The one-time token from `POST .../token`.
+    token: String,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000, default = 1)]
+    qty: Option<u64>,
+}
+
 pub fn purchase_request(bytes: &[u8]) -> Result<PurchaseRequest, FieldError> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Raw {
-        #[serde(default)]
-        user_id: Option<u64>,
-        token: String,
-        #[serde(default)]
-        qty: Option<u64>,
-    }
-    let r: Raw = decode(bytes)?;
+    let r: PurchaseBody = decode(bytes)?;
     // The per-user limit is checked against the activity later; this bounds the number.
     let qty = r.qty.unwrap_or(1);
     if !(1..=1_000).contains(&qty) {
@@ -193,19 +203,21 @@ pub fn purchase_request(bytes: &[u8]) -> Result<PurchaseRequest, FieldError> {
     })
 }
 
+/// The fields of `POST /api/v1/admin/activities` (`api::openapi`'s schema must list exactly these).
+pub(crate) const ACTIVITY_SPEC_FIELDS: [&str; 8] = [
+    "id",
+    "total_stock",
+    "buckets",
+    "fallback_pct",
+    "per_user_limit",
+    "start_ms",
+    "end_ms",
+    "pay_timeout_ms",
+];
+
 /// `POST /api/v1/admin/activities`: an `ActivitySpec` (validated by `Activity::new` after this).
 pub fn activity_spec(bytes: &[u8]) -> Result<ActivitySpec, FieldError> {
-    let fields = [
-        "id",
-        "total_stock",
-        "buckets",
-        "fallback_pct",
-        "per_user_limit",
-        "start_ms",
-        "end_ms",
-        "pay_timeout_ms",
-    ];
-    let map = object(bytes, &fields)?;
+    let map = object(bytes, &ACTIVITY_SPEC_FIELDS)?;
     let all = 0..=u64::MAX;
     Ok(ActivitySpec {
         id: ActivityId(required_u64(&map, "id", 1..=i64::MAX as u64)?),

@@ -19,6 +19,7 @@ pub mod identity;
 pub mod limits;
 pub mod listener;
 pub mod nonce;
+mod openapi;
 pub mod payment;
 mod routes;
 pub mod serve;
@@ -121,21 +122,30 @@ impl ApiError {
     }
 }
 
+// Serialized from structs (no JSON map per answer): refusals are the hot path of a sale. The doc
+// comments are the OpenAPI document's descriptions.
+/// Every answer that is not a success.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Error)]
+struct ErrorAnswer<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct ErrorDetail<'a> {
+    /// Stable, for programs (`sold_out`, `invalid_input`, ...).
+    code: &'a str,
+    /// For people.
+    message: &'a str,
+    /// The input field the answer is about, if any.
+    #[schema(required = true)]
+    field: Option<&'a str>,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        // Serialized from structs (no JSON map per answer): refusals are the hot path of a sale.
-        #[derive(serde::Serialize)]
-        struct Body<'a> {
-            error: Inner<'a>,
-        }
-        #[derive(serde::Serialize)]
-        struct Inner<'a> {
-            code: &'a str,
-            message: &'a str,
-            field: Option<&'a str>,
-        }
-        let body = Body {
-            error: Inner {
+        let body = ErrorAnswer {
+            error: ErrorDetail {
                 code: self.code,
                 message: &self.message,
                 field: self.field.as_deref(),

@@ -94,15 +94,22 @@ pub struct Callback {
     pub reservation: ReservationId,
 }
 
+// As sent, and as the OpenAPI document describes it (doc comments are its descriptions).
+/// The payment provider's confirmation that a reservation was paid.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = PaymentCallback)]
+pub(crate) struct CallbackBody {
+    /// The provider's id of the payment: a repeat of one is answered as the first was.
+    #[schema(pattern = "^[A-Za-z0-9_.:-]{1,64}$")]
+    payment_id: String,
+    #[schema(pattern = "^[0-9a-f]{32}$")]
+    reservation_id: String,
+}
+
 /// Decoded with `serde_path_to_error`-style naming: every refusal names its field.
 pub fn callback(bytes: &[u8]) -> Result<Callback, FieldError> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Raw {
-        payment_id: String,
-        reservation_id: String,
-    }
-    let raw: Raw = super::body::decode(bytes)?;
+    let raw: CallbackBody = super::body::decode(bytes)?;
     let p = &raw.payment_id;
     if p.is_empty()
         || p.len() > 64

@@ -66,8 +66,6 @@ fn route_name(i: usize) -> &'static str {
         .map_or("unmatched", |r| r.1)
 }
 
-pub const OPENAPI: &str = include_str!("../../openapi.json");
-
 /// The public listener: the buyer's routes and the payment provider's callback.
 pub fn router<C, B, L, N>(api: Shared<C, B, L, N>) -> Router
 where
@@ -88,7 +86,7 @@ where
         .route("/api/v1/payments/callback", post(payment_callback::<C, B, L, N>))
         .route(
             "/api/v1/openapi.json",
-            get(|| async { ([("content-type", "application/json")], OPENAPI) }),
+            get(|| async { ([("content-type", "application/json")], super::openapi::document()) }),
         )
         .route("/healthz", get(|| async { "ok" }));
     finish(r, api)
@@ -522,17 +520,45 @@ async fn issue_token<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     Ok(Json(TokenAnswer { token, expires_at_ms }))
 }
 
-// The two hot answers as structs: serialized directly, no JSON map built per request.
-#[derive(serde::Serialize)]
-struct TokenAnswer {
+// The answers as structs: serialized directly (no JSON map built per request), and described in
+// the OpenAPI document by the same types (`api::openapi`).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Token)]
+pub(super) struct TokenAnswer {
     token: String,
     expires_at_ms: u64,
 }
 
-#[derive(serde::Serialize)]
-struct Queued {
-    status: &'static str,
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub(super) struct Queued {
+    status: QueuedStatus,
     reservation_id: String,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum QueuedStatus {
+    Queued,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub(super) struct ActivityView {
+    id: u64,
+    state: ActivityState,
+    total_stock: u64,
+    buckets: u32,
+    per_user_limit: u32,
+    start_ms: u64,
+    end_ms: u64,
+    pay_timeout_ms: u64,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = OrderStatus)]
+pub(super) struct OrderAnswer {
+    state: crate::service::OrderState,
+    /// Once the ledger has the order.
+    reservation_id: Option<String>,
 }
 
 async fn purchase<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
@@ -554,7 +580,7 @@ async fn purchase<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         Ok(r) => (
             StatusCode::ACCEPTED,
             Json(Queued {
-                status: "queued",
+                status: QueuedStatus::Queued,
                 reservation_id: r.to_string(),
             }),
         )
@@ -611,15 +637,20 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 async fn activity_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ActivityView>, ApiError> {
     let a = id_from(&id)?;
     let (activity, state) = known(&api, a)?;
     let s = activity.spec();
-    Ok(Json(json!({
-        "id": a.0, "state": state.as_str(), "total_stock": s.total_stock, "buckets": s.buckets,
-        "per_user_limit": s.per_user_limit, "start_ms": s.start_ms, "end_ms": s.end_ms,
-        "pay_timeout_ms": s.pay_timeout_ms,
-    })))
+    Ok(Json(ActivityView {
+        id: a.0,
+        state,
+        total_stock: s.total_stock,
+        buckets: s.buckets,
+        per_user_limit: s.per_user_limit,
+        start_ms: s.start_ms,
+        end_ms: s.end_ms,
+        pay_timeout_ms: s.pay_timeout_ms,
+    }))
 }
 
 /// The caller's own order (another user's answers 404 like no order: existence is not revealed).
@@ -627,7 +658,7 @@ async fn order_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path((id, user)): Path<(String, String)>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<OrderAnswer>, ApiError> {
     let a = id_from(&id)?;
     let user = UserId(path_id("user", &user).map_err(ApiError::bad_input)?);
     let me = caller(&api, &headers, None)?;
@@ -641,15 +672,16 @@ async fn order_of_user<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     api: &Shared<C, B, L, N>,
     a: ActivityId,
     user: UserId,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<OrderAnswer>, ApiError> {
     known(api, a)?;
     let plan = api.core.service.plan(a).ok_or_else(|| unknown_activity(a))?;
     let view = order_status(&api.core.cache, &api.core.ledger, &plan, user)
         .await
         .map_err(|e| ApiError::unavailable(e.to_string()))?;
-    Ok(Json(
-        json!({ "state": view.state, "reservation_id": view.reservation.map(|r| r.to_string()) }),
-    ))
+    Ok(Json(OrderAnswer {
+        state: view.state,
+        reservation_id: view.reservation.map(|r| r.to_string()),
+    }))
 }
 
 fn reservation_from(segment: &str) -> Result<ReservationId, ApiError> {
@@ -816,7 +848,7 @@ async fn admin_order_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     headers: HeaderMap,
     Path((id, user)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<OrderAnswer>, ApiError> {
     admin(&api, &headers)?;
     let a = id_from(&id)?;
     let user = UserId(path_id("user", &user).map_err(ApiError::bad_input)?);

@@ -116,6 +116,7 @@ impl Activity {
 /// An activity's sale state. The registry holds the operator's intent (open / paused / closed);
 /// a bucket's gate holds what the reserve obeys, which is also `recovering` during a recovery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(not(madsim), derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ActivityState {
     Open,

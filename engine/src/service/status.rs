@@ -6,6 +6,7 @@ use crate::ports::{Ledger, OrderStatus, PortResult, StockCache};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(not(madsim), derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OrderState {
     Queued,

@@ -771,7 +771,7 @@ async fn the_openapi_document_describes_exactly_the_routes() {
     let h = harness();
     let (s, doc, _) = at(&h, "GET", "/api/v1/openapi.json", None, &[]).await;
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(doc["openapi"], "3.0.3");
+    assert_eq!(doc["openapi"], "3.1.0");
     let mut documented = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
