@@ -265,62 +265,45 @@ fn admin_create() {}
 #[allow(dead_code)] // read by utoipa only
 fn admin_warmup() {}
 
-#[utoipa::path(
-    post,
-    path = "/api/v1/admin/activities/{id}/pause",
-    tag = "operator",
-    summary = "Pause the activity (all engines follow within 200 ms)",
-    params(("id" = u64, Path, minimum = 1, description = "activity id")),
-    responses(
-        (status = 200, description = "new state", body = Object),
-        (status = 400, description = "bad id", body = ErrorAnswer),
-        (status = 404, description = "unknown activity", body = ErrorAnswer),
-        (status = 503, description = "Redis is down", body = ErrorAnswer),
-        (status = 401, description = "no bearer token", body = ErrorAnswer),
-        (status = 403, description = "wrong admin token", body = ErrorAnswer),
-    ),
-    security(("admin" = [])),
-)]
-#[allow(dead_code)] // read by utoipa only
-fn admin_pause() {}
+// Pause, resume and close: one shape, one state each.
+macro_rules! set_state_operation {
+    ($name:ident, $path:literal, $summary:literal) => {
+        #[utoipa::path(
+                    post,
+                    path = $path,
+                    tag = "operator",
+                    summary = $summary,
+                    params(("id" = u64, Path, minimum = 1, description = "activity id")),
+                    responses(
+                        (status = 200, description = "new state", body = Object),
+                        (status = 400, description = "bad id", body = ErrorAnswer),
+                        (status = 404, description = "unknown activity", body = ErrorAnswer),
+                        (status = 503, description = "Redis is down", body = ErrorAnswer),
+                        (status = 401, description = "no bearer token", body = ErrorAnswer),
+                        (status = 403, description = "wrong admin token", body = ErrorAnswer),
+                    ),
+                    security(("admin" = [])),
+                )]
+        #[allow(dead_code)] // read by utoipa only
+        fn $name() {}
+    };
+}
 
-#[utoipa::path(
-    post,
-    path = "/api/v1/admin/activities/{id}/resume",
-    tag = "operator",
-    summary = "Resume the activity (all engines follow within 200 ms)",
-    params(("id" = u64, Path, minimum = 1, description = "activity id")),
-    responses(
-        (status = 200, description = "new state", body = Object),
-        (status = 400, description = "bad id", body = ErrorAnswer),
-        (status = 404, description = "unknown activity", body = ErrorAnswer),
-        (status = 503, description = "Redis is down", body = ErrorAnswer),
-        (status = 401, description = "no bearer token", body = ErrorAnswer),
-        (status = 403, description = "wrong admin token", body = ErrorAnswer),
-    ),
-    security(("admin" = [])),
-)]
-#[allow(dead_code)] // read by utoipa only
-fn admin_resume() {}
-
-#[utoipa::path(
-    post,
-    path = "/api/v1/admin/activities/{id}/close",
-    tag = "operator",
-    summary = "Close the activity (all engines follow within 200 ms)",
-    params(("id" = u64, Path, minimum = 1, description = "activity id")),
-    responses(
-        (status = 200, description = "new state", body = Object),
-        (status = 400, description = "bad id", body = ErrorAnswer),
-        (status = 404, description = "unknown activity", body = ErrorAnswer),
-        (status = 503, description = "Redis is down", body = ErrorAnswer),
-        (status = 401, description = "no bearer token", body = ErrorAnswer),
-        (status = 403, description = "wrong admin token", body = ErrorAnswer),
-    ),
-    security(("admin" = [])),
-)]
-#[allow(dead_code)] // read by utoipa only
-fn admin_close() {}
+set_state_operation!(
+    admin_pause,
+    "/api/v1/admin/activities/{id}/pause",
+    "Pause the activity (all engines follow within 200 ms)"
+);
+set_state_operation!(
+    admin_resume,
+    "/api/v1/admin/activities/{id}/resume",
+    "Resume the activity (all engines follow within 200 ms)"
+);
+set_state_operation!(
+    admin_close,
+    "/api/v1/admin/activities/{id}/close",
+    "Close the activity (all engines follow within 200 ms)"
+);
 
 #[utoipa::path(
     post,
