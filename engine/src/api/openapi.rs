@@ -265,25 +265,27 @@ fn admin_create() {}
 #[allow(dead_code)] // read by utoipa only
 fn admin_warmup() {}
 
-// Pause, resume and close: one shape, one state each.
+// Pause, resume and close: one shape, one state each (rustfmt re-indents the attribute in a
+// macro body further on every run).
+#[rustfmt::skip]
 macro_rules! set_state_operation {
     ($name:ident, $path:literal, $summary:literal) => {
         #[utoipa::path(
-                    post,
-                    path = $path,
-                    tag = "operator",
-                    summary = $summary,
-                    params(("id" = u64, Path, minimum = 1, description = "activity id")),
-                    responses(
-                        (status = 200, description = "new state", body = Object),
-                        (status = 400, description = "bad id", body = ErrorAnswer),
-                        (status = 404, description = "unknown activity", body = ErrorAnswer),
-                        (status = 503, description = "Redis is down", body = ErrorAnswer),
-                        (status = 401, description = "no bearer token", body = ErrorAnswer),
-                        (status = 403, description = "wrong admin token", body = ErrorAnswer),
-                    ),
-                    security(("admin" = [])),
-                )]
+            post,
+            path = $path,
+            tag = "operator",
+            summary = $summary,
+            params(("id" = u64, Path, minimum = 1, description = "activity id")),
+            responses(
+                (status = 200, description = "new state", body = Object),
+                (status = 400, description = "bad id", body = ErrorAnswer),
+                (status = 404, description = "unknown activity", body = ErrorAnswer),
+                (status = 503, description = "Redis is down", body = ErrorAnswer),
+                (status = 401, description = "no bearer token", body = ErrorAnswer),
+                (status = 403, description = "wrong admin token", body = ErrorAnswer),
+            ),
+            security(("admin" = [])),
+        )]
         #[allow(dead_code)] // read by utoipa only
         fn $name() {}
     };
