@@ -60,8 +60,10 @@ for seed in 11 12 13; do
   MADSIM_TEST_SEED=$seed MADSIM_TEST_CHECK_DETERMINISM=1 cargo sim -- chaos_world_is_deterministic
 done
 
-step "soak sample (every planted bug caught within 10 seeds; 20 seeds of every scenario)"
-ci/soak.sh --planted all --seeds 10
+step "soak sample (every planted bug caught within 10 seeds from start seeds 0, 1000, 2000; 20 seeds of every scenario)"
+for from in 0 1000 2000; do
+  ci/soak.sh --planted all --seeds 10 --from "$from"
+done
 ci/soak.sh --seeds 20 --from 1000
 
 step "standard-size sample (10,000 users, 1,000 units, 16 buckets: 2 seeds of every scenario)"

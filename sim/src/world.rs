@@ -1241,28 +1241,41 @@ impl World {
         // the sale is at its busiest (what a stale API process sells after it is the point), and
         // a Redis loss with a long pause right behind it, so that the recovery's reopen falls
         // inside the pause (it must leave the gates paused).
-        let mut aimed: Vec<(Fault, Duration)> = if self.cfg.scenario == Scenario::Operator {
-            vec![
-                (
-                    Fault::OperatorPause,
-                    Duration::from_millis(thread_rng().gen_range(30..300)),
-                ),
-                (Fault::RedisRestartVolatile, Duration::ZERO),
-                (
-                    Fault::OperatorPause,
-                    Duration::from_millis(thread_rng().gen_range(500..1_000)),
-                ),
-            ]
-        } else {
-            Vec::new()
+        // Competing recoveries get one of two aimed pairs per seed, the windows a recovery must
+        // get right: records lost after their ack while the sale is busy, then a Redis restart
+        // that keeps their reservations (past the AOF window: the recovery must rescue them
+        // from the outbox, and the reconciler, which would republish them, stands aside while
+        // it runs); or an API node paused mid-sale and Redis lost under it (it wakes up a zombie,
+        // maybe after the recovery bumped the generation, and publishes orders of the old one). Then a quiet while, so that the recovery gets that far before the
+        // random faults (another Redis restart starts it over) resume.
+        let ms = |r: std::ops::Range<u64>| thread_rng().gen_range(r);
+        let mut aimed: Vec<(u64, Fault, u64)> = match self.cfg.scenario {
+            Scenario::Operator => vec![
+                (0, Fault::OperatorPause, ms(30..300)),
+                (0, Fault::RedisRestartVolatile, 0),
+                (0, Fault::OperatorPause, ms(500..1_000)),
+            ],
+            Scenario::CompetingRecoveries if thread_rng().gen_bool(0.5) => vec![
+                (ms(0..100), Fault::MqLoseAfterAck, ms(100..300)),
+                (ms(250..450), Fault::RedisRestartAof, 0),
+            ],
+            Scenario::CompetingRecoveries => vec![
+                (ms(50..300), Fault::EnginePause, 0),
+                (ms(0..50), Fault::RedisRestartVolatile, 0),
+            ],
+            _ => Vec::new(),
         };
         aimed.reverse();
+        let mut quiet = match self.cfg.scenario {
+            Scenario::CompetingRecoveries => ms(1_500..2_500),
+            _ => 0,
+        };
         let mut given = self.cfg.schedule.clone().map(|s| s.into_iter());
         loop {
             let (pace, fault, hold) = match aimed.pop() {
-                Some((fault, hold)) => (0, fault, hold.as_millis() as u64),
+                Some(aim) => aim,
                 None => (
-                    thread_rng().gen_range(self.cfg.scenario.pace()),
+                    thread_rng().gen_range(self.cfg.scenario.pace()) + std::mem::take(&mut quiet),
                     kinds[thread_rng().gen_range(0..kinds.len())],
                     thread_rng().gen_range(30..300),
                 ),
