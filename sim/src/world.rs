@@ -775,14 +775,15 @@ pub fn shrink(cfg: &SimConfig) -> Option<Shrunk> {
                 .copied()
                 .collect();
             runs += 1;
-            let r = run(&SimConfig {
+            let given = SimConfig {
                 schedule: Some(candidate.clone()),
                 ..cfg.clone()
-            });
-            if r.verdict == verdict {
-                (best, report, dropped) = (candidate, r, true);
-            } else {
-                i += chunk;
+            };
+            // A candidate whose world crashes (panics, or hits the time limit) does not fail the
+            // same way: its faults stay.
+            match std::panic::catch_unwind(|| run(&given)) {
+                Ok(r) if r.verdict == verdict => (best, report, dropped) = (candidate, r, true),
+                _ => i += chunk,
             }
         }
         if chunk == 1 && !dropped {
