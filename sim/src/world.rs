@@ -1742,12 +1742,24 @@ impl World {
             .iter()
             .filter(|rid| !in_ledger.contains(*rid) && !excused(rid))
             .filter(|rid| users.get(*rid).is_none_or(|u| !buyers.contains(u)))
-            .map(|rid| inv::Violation {
-                invariant: inv::Invariant::L1QueuedResolved,
-                bucket: None,
-                detail: format!(
-                    "queued reservation {rid} never became an order, and no Redis restart lost it"
-                ),
+            .map(|rid| {
+                let told = queued_at
+                    .get(rid)
+                    .map_or("?".to_string(), |t| format!("{:.3} s", t.as_secs_f64()));
+                let lost = match lost.get(rid) {
+                    Some(at) => format!(
+                        "a Redis restart lost it at {:.3} s, before the answer",
+                        at.as_secs_f64()
+                    ),
+                    None => "no Redis restart lost it".to_string(),
+                };
+                inv::Violation {
+                    invariant: inv::Invariant::L1QueuedResolved,
+                    bucket: None,
+                    detail: format!(
+                        "queued reservation {rid} (told at {told}) never became an order, and {lost}"
+                    ),
+                }
             })
             .collect()
     }
