@@ -110,15 +110,16 @@ say "redis cluster on 7000-7002: $(redis-cli -p 7000 cluster info | grep -E '^cl
 
 # The same Cluster shape over TLS (client and cluster bus), with a password: 7100-7102.
 tls_cli() { redis-cli --tls --cacert "$tls/ca.pem" -a seckill-tls --no-auth-warning "$@"; }
+tls_node_up() { [ "$(tls_cli -p "$1" ping 2>/dev/null)" = PONG ]; }
 for port in 7100 7101 7102; do
-  if [ "$(tls_cli -p "$port" ping 2>/dev/null)" = PONG ]; then continue; fi
+  if tls_node_up "$port"; then continue; fi
   mkdir -p "$dir/redis-$port"
   redis-server --port 0 --tls-port "$port" --bind 127.0.0.1 --daemonize yes --save '' --appendonly no \
     --tls-cert-file "$tls/server.pem" --tls-key-file "$tls/server.key" --tls-ca-cert-file "$tls/ca.pem" \
     --tls-auth-clients no --tls-cluster yes --requirepass seckill-tls --masterauth seckill-tls \
     --cluster-enabled yes --cluster-config-file "$dir/redis-$port/nodes.conf" --cluster-node-timeout 5000 \
     --dir "$dir/redis-$port" --logfile "$dir/redis-$port/redis.log" --pidfile "$dir/redis-$port/redis.pid"
-  wait_for 10 "redis (TLS cluster) on $port" sh -c "[ \"\$(redis-cli --tls --cacert '$tls/ca.pem' -a seckill-tls --no-auth-warning -p $port ping)\" = PONG ]"
+  wait_for 10 "redis (TLS cluster) on $port" tls_node_up "$port"
 done
 tls_cluster_ok() { tls_cli -p 7100 cluster info 2>/dev/null | grep -q 'cluster_state:ok'; }
 if ! tls_cluster_ok; then

@@ -42,7 +42,6 @@ fn bad(var: &'static str, reason: impl Into<String>) -> SettingError {
     }
 }
 
-/// A PEM file named by `var`, if set: it must be readable and hold a PEM block.
 /// A store URL fit for an error message, as written but for its password (`***`).
 fn redacted(u: &str) -> String {
     let Some((scheme, rest)) = u.split_once("://") else {
@@ -58,6 +57,7 @@ fn redacted(u: &str) -> String {
     }
 }
 
+/// A PEM file named by `var`, if set: it must be readable and hold a PEM block.
 fn pem_file(
     get: &impl Fn(&str) -> Option<String>,
     var: &'static str,
@@ -96,6 +96,11 @@ fn tls_files(
     Ok((ca.is_some() || client.is_some()).then_some(TlsFiles { ca, client }))
 }
 
+/// The first of `vars` that is set (to name it when the files are set for a plaintext store).
+fn first_set(get: &impl Fn(&str) -> Option<String>, vars: [&'static str; 3]) -> Option<&'static str> {
+    vars.into_iter().find(|v| get(v).is_some())
+}
+
 const REDIS_TLS: [&str; 3] = [
     "SECKILL_REDIS_CA_FILE",
     "SECKILL_REDIS_CERT_FILE",
@@ -127,7 +132,7 @@ fn kafka_security(get: &impl Fn(&str) -> Option<String>) -> Result<KafkaSecurity
     };
     let files = tls_files(get, KAFKA_TLS)?;
     if files.is_some() && !tls {
-        let set = KAFKA_TLS.into_iter().find(|v| get(v).is_some()).unwrap_or(VAR);
+        let set = first_set(get, KAFKA_TLS).unwrap_or(VAR);
         return Err(bad(
             set,
             format!("set, but {VAR} is {protocol} (ssl or sasl_ssl uses it)"),
@@ -217,10 +222,7 @@ impl RealSettings {
         let files = tls_files(&get, REDIS_TLS)?;
         if tls_urls == 0 {
             if files.is_some() {
-                let set = REDIS_TLS
-                    .into_iter()
-                    .find(|v| get(v).is_some())
-                    .unwrap_or(redis_var);
+                let set = first_set(&get, REDIS_TLS).unwrap_or(redis_var);
                 return Err(bad(
                     set,
                     format!("set, but {redis_var} is redis:// (rediss:// is TLS)"),
