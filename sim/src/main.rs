@@ -113,6 +113,11 @@ mod app {
         };
         let _ = writeln!(
             out,
+            "timings {}",
+            serde_json::to_string(&r.timings).expect("plain data")
+        );
+        let _ = writeln!(
+            out,
             "checks {}",
             serde_json::to_string(&r.checks).expect("plain data")
         );

@@ -32,19 +32,59 @@ pub struct EngineParams {
     pub activity: Activity,
     /// Wall-clock origin of this incarnation (the sim epoch, skewed by the nemesis).
     pub wall_ms: u64,
+    pub timings: Timings,
 }
 
-/// The recovery of the simulation's jobs (and of warmups through an API node). The publish window
-/// is longer than a whole publish: a record whose ack was lost still lands up to
-/// `LATE_APPEND_MAX` later. At 500 ms (less than that window) a record appended after the drain
-/// reached the ledger after the rebuild had read it, and Redis stayed a unit over for good
-/// (chaos, seed 50446).
-pub fn recovery() -> RecoveryConfig {
-    RecoveryConfig {
-        quiesce: crate::stores::LATE_APPEND_MAX + Duration::from_millis(200),
-        drain_timeout: Duration::from_secs(5),
-        group: GROUP.to_string(),
-        lease: Duration::from_secs(3),
+/// What production leaves to configuration (its own or Redis's), drawn per seed so that a sweep
+/// covers ranges rather than one point. Each range stays where production's rules put it, so a
+/// failure comes from a bug and not from a setting production would refuse: the publish window
+/// (quiesce) longer than the longest publish — a record whose ack was lost still lands up to
+/// `LATE_APPEND_MAX` later (at 500 ms, less than that, a record appended after the drain reached
+/// the ledger after the rebuild had read it: chaos, seed 50446) — a pending mark resolved only
+/// when older than a fallback attempt with its store timeouts, a lease longer than the
+/// quarter-lease renewal step plus one store call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Timings {
+    /// Redis AOF `appendfsync everysec`: what a restart may lose (real Redis, up to about 1 s).
+    pub aof_window_ms: u64,
+    /// The recovery's publish window beyond the longest publish.
+    pub quiesce_margin_ms: u64,
+    /// The recovery gives up a drain whose lag stopped falling for this long.
+    pub drain_timeout_ms: u64,
+    /// A recovery claim's lease.
+    pub lease_ms: u64,
+    /// The reconciler republishes an open reservation the ledger lacks once this old.
+    pub republish_after_ms: u64,
+    /// The reconciler resolves a pending-fallback mark once this old.
+    pub pending_after_ms: u64,
+}
+
+impl Timings {
+    pub fn draw(seed: u64) -> Timings {
+        // Their own stream: the draw changes nothing else a seed does.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x7141_6e55);
+        Timings {
+            aof_window_ms: rng.gen_range(50..=1_000),
+            quiesce_margin_ms: rng.gen_range(100..=500),
+            drain_timeout_ms: rng.gen_range(2_000..=6_000),
+            lease_ms: rng.gen_range(1_500..=5_000),
+            republish_after_ms: rng.gen_range(500..=2_500),
+            pending_after_ms: rng.gen_range(1_000..=2_500),
+        }
+    }
+
+    /// The recovery of the simulation's jobs (and of warmups through an API node).
+    pub fn recovery(&self) -> RecoveryConfig {
+        RecoveryConfig {
+            quiesce: crate::stores::LATE_APPEND_MAX + Duration::from_millis(self.quiesce_margin_ms),
+            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            group: GROUP.to_string(),
+            lease: Duration::from_millis(self.lease_ms),
+        }
+    }
+
+    pub fn aof_window(&self) -> Duration {
+        Duration::from_millis(self.aof_window_ms)
     }
 }
 
@@ -56,7 +96,14 @@ pub async fn engine_main(p: EngineParams) {
     let ledger = SimLedger::new(ep.clone());
     let clock = Clock::new(p.wall_ms, tokio::time::Instant::now());
     let mut rng = rand::rngs::StdRng::seed_from_u64(thread_rng().gen());
-    let role = Arc::new(roles::api_role(cache, bus, ledger, clock, recovery(), &mut rng));
+    let role = Arc::new(roles::api_role(
+        cache,
+        bus,
+        ledger,
+        clock,
+        p.timings.recovery(),
+        &mut rng,
+    ));
     let activity = p.activity.id();
     // Until the registry and Redis answer, this node serves nothing.
     while role.refresh().await.is_err() || role.service.activity(activity).is_none() {
@@ -123,17 +170,17 @@ pub async fn engine_main(p: EngineParams) {
 /// recovery if needed, a reconciler pass, the payment timeout — and beside it the rebalancer on
 /// its own schedule. What they did is traced; a difference the reconciler cannot explain is
 /// traced as `reconciler: …`.
-pub async fn jobs_main(addr: SocketAddr, index: usize, faults: Arc<crate::faults::Faults>) {
+pub async fn jobs_main(addr: SocketAddr, index: usize, timings: Timings, faults: Arc<crate::faults::Faults>) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind jobs"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
     let ledger = SimLedger::new(ep.clone());
     let bus = SimBus::new(ep);
     let clock = Clock::new(faults.wall_ms(0), tokio::time::Instant::now());
     let config = JobsConfig {
-        recovery: recovery(),
+        recovery: timings.recovery(),
         reconcile: ReconcileConfig {
-            republish_after_ms: 1_000,
-            pending_after_ms: 1_000,
+            republish_after_ms: timings.republish_after_ms,
+            pending_after_ms: timings.pending_after_ms,
         },
         rebalance: RebalanceConfig::default(),
     };

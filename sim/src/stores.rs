@@ -46,8 +46,8 @@ fn lost(op: &'static str, e: io::Error) -> PortError {
 pub enum Persistence {
     /// A restart loses everything.
     Volatile,
-    /// A restart reloads the image saved at the last fsync, `window` apart.
-    Aof { window: Duration },
+    /// A restart reloads the image saved at the last fsync (one every `aof_window`).
+    Aof,
 }
 
 thread_local! {
@@ -89,6 +89,11 @@ pub struct RedisStore {
     /// time of that restart: the outbox entries a restart lost (the exact account L1 excuses,
     /// for reservations promised before they were lost, and nothing else).
     pub lost_outbox: Mutex<BTreeMap<String, Duration>>,
+    /// Reservations a script found open and adopted for the reconciler (answer `adopted`), with
+    /// the last time: what an engine's "queued" after an unknown publish rests on. A restart
+    /// that loses one after this, while the answer is on its way, is data loss, not a false
+    /// promise.
+    pub adopted_at: Mutex<BTreeMap<String, Duration>>,
     _alive: Alive,
 }
 
@@ -109,11 +114,7 @@ fn outbox(ks: &Keyspace) -> BTreeSet<String> {
 }
 
 impl RedisStore {
-    pub fn new(persistence: Persistence) -> Self {
-        let aof_window = match persistence {
-            Persistence::Aof { window } => window,
-            Persistence::Volatile => Duration::from_secs(1),
-        };
+    pub fn new(persistence: Persistence, aof_window: Duration) -> Self {
         RedisStore {
             model: Arc::new(RedisModel::new()),
             restart_mode: Mutex::new(persistence),
@@ -121,6 +122,7 @@ impl RedisStore {
             aof_window,
             starts: AtomicU64::new(0),
             lost_outbox: Mutex::default(),
+            adopted_at: Mutex::default(),
             _alive: Alive::new(),
         }
     }
@@ -137,7 +139,7 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
         let mode = *store.restart_mode.lock().expect("mode");
         match mode {
             Persistence::Volatile => store.model.flush_all(),
-            Persistence::Aof { .. } => store.model.restore(store.aof.lock().expect("aof").clone()),
+            Persistence::Aof => store.model.restore(store.aof.lock().expect("aof").clone()),
         }
         let after = store.model.read(outbox);
         let at = faults.elapsed();
@@ -150,9 +152,9 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
     let ep = Endpoint::bind(addr(rpc::REDIS)).await.expect("bind redis");
     // Redis executes one command at a time: a slow script blocks everyone behind it.
     let main_thread = Arc::new(tokio::sync::Mutex::new(()));
-    let (m, f, t) = (store.model.clone(), faults.clone(), main_thread.clone());
+    let (s, f, t) = (store.clone(), faults.clone(), main_thread.clone());
     rpc::serve(&ep, move |req: rpc::EvalSha| {
-        let (m, f, t) = (m.clone(), f.clone(), t.clone());
+        let (s, f, t) = (s.clone(), f.clone(), t.clone());
         async move {
             delay_up_to(f.knobs().redis_latency).await;
             let _turn = t.lock().await;
@@ -164,7 +166,14 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                 f.fired("redis_slow_script");
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
-            m.eval_sha(&req.sha, &req.keys, &req.args)
+            let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
+            if let (Reply::Array(items), Some(rid)) = (&reply, req.args.get(1)) {
+                if matches!(items.first(), Some(Reply::Bulk(tag)) if tag == b"adopted") {
+                    let at = f.elapsed();
+                    s.adopted_at.lock().expect("adopted").insert(rid.clone(), at);
+                }
+            }
+            reply
         }
     });
     let m = store.model.clone();

@@ -8,7 +8,7 @@
 //! a seed replays the run exactly.
 
 use crate::faults::Faults;
-use crate::nodes::{consumer_main, engine_main, EngineParams, GROUP};
+use crate::nodes::{consumer_main, engine_main, EngineParams, Timings, GROUP};
 use crate::rpc::{self, engine_addr};
 use crate::stores::{
     serve_kafka, serve_ledger, serve_redis, KafkaLog, LedgerLog, Persistence, RedisStore, SESSION_TIMEOUT,
@@ -71,8 +71,9 @@ pub enum Scenario {
     /// jobs nodes crash and Redis loses everything (so recoveries run during pauses). S5: after
     /// a pause or close returned, no request is answered "queued" until a resume is issued.
     Operator,
-    /// Redis loses everything, every API node restarts, and the operator calls warmup through
-    /// one of them — the sequence the README prescribes — while records go missing.
+    /// Redis loses everything, every API node restarts (half the time the job runners are down
+    /// until it is done), and the operator calls warmup through one of them — the sequence the
+    /// README prescribes — while records go missing.
     FullLossRestart,
     /// Both job runners detect the same losses; runners are paused past their claim's lease
     /// and API nodes past the delivery timeout (they wake up as zombies), and crash.
@@ -118,6 +119,22 @@ pub enum Fault {
     /// A worker stops past the group's session timeout, then goes on where it was: its
     /// partitions went to another member meanwhile, and its late commit is refused.
     ConsumerPause,
+}
+
+impl Fault {
+    /// How long the fault lasts, in ms (a window, a crash's downtime, a pause).
+    fn hold_range(self) -> std::ops::Range<u64> {
+        let session = SESSION_TIMEOUT.as_millis() as u64;
+        match self {
+            // Past the delivery timeout: a publish under way goes on after a recovery ran.
+            Fault::EnginePause => 1_500..3_000,
+            // Past the claim's lease: another runner takes the recovery over meanwhile.
+            Fault::JobsPause => 2_000..6_000,
+            // Past the session timeout: the group rebalances without it.
+            Fault::ConsumerPause => session + 200..session + 1_500,
+            _ => 30..300,
+        }
+    }
 }
 
 // Unknown commits and crashes weigh double: they are what redeliver records mid-stream.
@@ -259,14 +276,15 @@ impl Scenario {
 
     /// The scenario whose faults make a planted bug observable, and whether the jobs node runs.
     /// The engine-path bugs run without the jobs: the reconciler would heal some of them into
-    /// slower but correct outcomes (a skipped record is republished), hiding the bug.
+    /// slower but correct outcomes (a skipped record is republished), hiding the bug. Except a
+    /// unit given back although its order went through: the payment timeout's cancels put
+    /// units back on sale, and the ledger's guard meets the extra one twice as often.
     pub fn for_bug(bug: Bug) -> (Scenario, bool) {
         match bug {
             Bug::NonAtomicReserve => (Scenario::Calm, false),
             Bug::AckBeforeCommit | Bug::RedeliveredAsDuplicate => (Scenario::ConsumerFaults, false),
-            Bug::ReleaseToRoutedBucket
-            | Bug::FallbackWithoutPendingMark
-            | Bug::ReleaseOnIndeterminatePublish => (Scenario::ProducerFaults, false),
+            Bug::ReleaseToRoutedBucket | Bug::FallbackWithoutPendingMark => (Scenario::ProducerFaults, false),
+            Bug::ReleaseOnIndeterminatePublish => (Scenario::ProducerFaults, true),
             Bug::NoBuyerUniqueKey | Bug::NoStockGuard => (Scenario::RedisLoss, false),
             Bug::CancelReleaseToRoutedBucket => (Scenario::Calm, true),
             Bug::RebuildWhileInFlight => (Scenario::RedisLoss, true),
@@ -526,6 +544,8 @@ pub enum Verdict {
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
     pub config: SimConfig,
+    /// The configured timings this seed drew.
+    pub timings: Timings,
     pub checks: Checks,
     pub verdict: Verdict,
     pub violations: Vec<String>,
@@ -652,6 +672,7 @@ struct Violated {
 
 struct World {
     cfg: SimConfig,
+    timings: Timings,
     handle: Handle,
     faults: Arc<Faults>,
     redis: Arc<RedisStore>,
@@ -817,9 +838,8 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     let faults = Arc::new(Faults::new());
     let act = activity(&cfg);
     let plan = StockPlan::new(&act);
-    let redis = Arc::new(RedisStore::new(Persistence::Aof {
-        window: Duration::from_millis(200),
-    }));
+    let timings = Timings::draw(cfg.seed);
+    let redis = Arc::new(RedisStore::new(Persistence::Aof, timings.aof_window()));
     let ledger = EmbeddedLedger::new();
     let kafka = Arc::new(KafkaLog::new(PARTITIONS));
 
@@ -861,7 +881,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
             }
             let f = faults.clone();
             jobs_node
-                .init(move || crate::nodes::jobs_main(addr, i, f.clone()))
+                .init(move || crate::nodes::jobs_main(addr, i, timings, f.clone()))
                 .build()
         })
         .collect();
@@ -877,6 +897,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
                         addr,
                         activity: act.clone(),
                         wall_ms: f.wall_ms(skew),
+                        timings,
                     })
                 })
                 .build()
@@ -896,6 +917,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
 
     let w = Arc::new(World {
         cfg: cfg.clone(),
+        timings,
         handle: handle.clone(),
         faults: faults.clone(),
         redis,
@@ -1256,30 +1278,48 @@ impl World {
                 (0, Fault::RedisRestartVolatile, 0),
                 (0, Fault::OperatorPause, ms(500..1_000)),
             ],
-            Scenario::CompetingRecoveries if thread_rng().gen_bool(0.5) => vec![
-                (ms(0..100), Fault::MqLoseAfterAck, ms(100..300)),
-                (ms(250..450), Fault::RedisRestartAof, 0),
-            ],
-            Scenario::CompetingRecoveries => vec![
-                (ms(50..300), Fault::EnginePause, 0),
-                (ms(0..50), Fault::RedisRestartVolatile, 0),
-            ],
+            // The restart comes past the AOF window, so it keeps the reservations made late in
+            // the loss, and before the reconciler's republish age, so it still finds them (a
+            // seed whose timings leave no room between the two gets the other pair).
+            Scenario::CompetingRecoveries
+                if thread_rng().gen_bool(0.5)
+                    && self.timings.republish_after_ms > self.timings.aof_window_ms + 150 =>
+            {
+                vec![
+                    (ms(0..100), Fault::MqLoseAfterAck, ms(100..300)),
+                    (
+                        self.timings.aof_window_ms + ms(50..100),
+                        Fault::RedisRestartAof,
+                        0,
+                    ),
+                ]
+            }
+            // The pause ends after the recovery bumped the generation (its publish window, and
+            // a little for detection, drain and rebuild), and the quiet lasts until the zombie's
+            // publishes landed: a later loss would start a recovery whose snapshot takes them in.
+            Scenario::CompetingRecoveries => {
+                let quiesce = self.timings.recovery().quiesce.as_millis() as u64;
+                vec![
+                    (ms(50..300), Fault::EnginePause, quiesce + ms(400..1_000)),
+                    (ms(0..50), Fault::RedisRestartVolatile, 0),
+                ]
+            }
             _ => Vec::new(),
         };
-        aimed.reverse();
         let mut quiet = match self.cfg.scenario {
-            Scenario::CompetingRecoveries => ms(1_500..2_500),
+            Scenario::CompetingRecoveries => aimed[0].2 + ms(500..1_000),
             _ => 0,
         };
+        aimed.reverse();
         let mut given = self.cfg.schedule.clone().map(|s| s.into_iter());
         loop {
             let (pace, fault, hold) = match aimed.pop() {
                 Some(aim) => aim,
-                None => (
-                    thread_rng().gen_range(self.cfg.scenario.pace()) + std::mem::take(&mut quiet),
-                    kinds[thread_rng().gen_range(0..kinds.len())],
-                    thread_rng().gen_range(30..300),
-                ),
+                None => {
+                    let pace = thread_rng().gen_range(self.cfg.scenario.pace()) + std::mem::take(&mut quiet);
+                    let fault = kinds[thread_rng().gen_range(0..kinds.len())];
+                    (pace, fault, thread_rng().gen_range(fault.hold_range()))
+                }
             };
             // A given schedule replaces what was drawn (drawn all the same, so that the rest of
             // the world draws what it drew in the run the schedule came from).
@@ -1342,9 +1382,7 @@ impl World {
                 self.redis.set_restart_mode(if volatile {
                     Persistence::Volatile
                 } else {
-                    Persistence::Aof {
-                        window: Duration::from_millis(200),
-                    }
+                    Persistence::Aof
                 });
                 self.reboot(self.redis_node.id());
             }
@@ -1388,22 +1426,16 @@ impl World {
             Fault::FullLossRestart => self.full_loss_restart().await,
             // Pauses overlap the faults that follow: the nemesis goes on while the node sleeps.
             Fault::EnginePause => {
-                // Past the delivery timeout: a publish under way goes on after a recovery ran.
-                let hold = Duration::from_millis(thread_rng().gen_range(1_500..3_000));
                 let (w, id) = (self.clone(), pick(&self.engines));
                 let task = tokio::spawn(async move { w.pause_for(id, "engine_pause", hold).await });
                 self.background.lock().expect("background").push(task);
             }
             Fault::JobsPause => {
-                // Past the claim's lease: another runner takes the recovery over meanwhile.
-                let hold = Duration::from_millis(thread_rng().gen_range(2_000..6_000));
                 let (w, id) = (self.clone(), pick(&self.jobs_nodes));
                 let task = tokio::spawn(async move { w.pause_for(id, "jobs_pause", hold).await });
                 self.background.lock().expect("background").push(task);
             }
             Fault::ConsumerPause => {
-                // Past the session timeout: the group rebalances without it.
-                let hold = SESSION_TIMEOUT + Duration::from_millis(thread_rng().gen_range(200..1_500));
                 let (w, id) = (self.clone(), pick(&self.consumers));
                 let task = tokio::spawn(async move { w.pause_for(id, "consumer_pause", hold).await });
                 self.background.lock().expect("background").push(task);
@@ -1532,10 +1564,31 @@ impl World {
     async fn full_loss_restart(&self) {
         self.faults.fired("full_loss_restart");
         self.redis.set_restart_mode(Persistence::Volatile);
+        // Half the time the whole site went down: the job runners come back only after the
+        // operator's warmup, which then meets the lost Redis alone (no runner's recovery got
+        // there first to hide what the warmup does).
+        let site_down = self.cfg.jobs && thread_rng().gen_bool(0.5);
+        if site_down {
+            self.faults
+                .event("full_loss_restart: the job runners are down until the warmup".into());
+            for j in &self.jobs_nodes {
+                self.handle.kill(j.id());
+            }
+        }
         self.reboot(self.redis_node.id());
         for e in &self.engines {
             self.reboot(e.id());
         }
+        self.operator_warmup().await;
+        if site_down {
+            for j in &self.jobs_nodes {
+                self.handle.restart(j.id());
+            }
+        }
+    }
+
+    /// The operator's warmup through an API node, retried until one answers.
+    async fn operator_warmup(&self) {
         for _ in 0..20 {
             let (i, answer) = self.admin(rpc::Warmup, Duration::from_secs(30)).await;
             match answer {
@@ -1730,12 +1783,16 @@ impl World {
             (h.queued_users.clone(), h.queued_at.clone())
         };
         let dropped = self.kafka.lost_after_ack.lock().expect("kafka").clone();
-        // Lost by a Redis restart after the client heard "queued", or lost by Redis and by the
-        // broker after its ack: data loss. Gone from Redis before the answer, with no record
-        // lost: the answer promised what no longer existed.
+        let adopted = self.redis.adopted_at.lock().expect("adopted").clone();
+        // Lost by a Redis restart after the client heard "queued" (or after Redis confirmed it
+        // held the reservation, the answer then on its way), or lost by Redis and by the broker
+        // after its ack: data loss. Gone from Redis before the answer with no such confirmation
+        // and no record lost: the answer promised what no longer existed.
         let excused = |rid: &String| {
             lost.get(rid).is_some_and(|lost_at| {
-                dropped.contains(rid) || queued_at.get(rid).is_some_and(|q| q <= lost_at)
+                dropped.contains(rid)
+                    || queued_at.get(rid).is_some_and(|q| q <= lost_at)
+                    || adopted.get(rid).is_some_and(|a| a <= lost_at)
             })
         };
         queued
@@ -1819,6 +1876,7 @@ impl World {
         let violated = self.violated.lock().expect("violated");
         RunReport {
             config: self.cfg.clone(),
+            timings: self.timings,
             checks: self.cfg.scenario.checks(self.cfg.jobs),
             verdict: violated.as_ref().map_or(Verdict::Ok, |v| v.verdict),
             violations: violated.as_ref().map_or_else(Vec::new, |v| v.violations.clone()),
