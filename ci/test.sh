@@ -66,6 +66,9 @@ for from in 0 1000 2000; do
 done
 ci/soak.sh --seeds 20 --from 1000
 
+step "mutation catalogue: every mutant of ci/mutants.txt still applies (the nightly scores them)"
+ci/mutants.sh --check
+
 step "standard-size sample (10,000 users, 1,000 units, 16 buckets: 2 seeds of every scenario)"
 ci/soak.sh --standard --seeds 2 --from 70000
 

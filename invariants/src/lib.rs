@@ -129,6 +129,10 @@ pub enum Invariant {
     /// new one; an open gate of an older generation answers "reserved" for orders the ledger
     /// already refuses.
     S6GenerationFenced,
+    /// S7: what a user is shown is true when shown — an order page names the user's own order
+    /// in a state the ledger's order held or has since moved on from (created, then paid or
+    /// cancelled; paid, cancelled and failed are final).
+    S7AnswersTrue,
 }
 
 impl Invariant {
@@ -143,6 +147,7 @@ impl Invariant {
             Invariant::L2BoundedUndersell => "L2",
             Invariant::S5PauseHolds => "S5",
             Invariant::S6GenerationFenced => "S6",
+            Invariant::S7AnswersTrue => "S7",
         }
     }
 }
@@ -159,6 +164,7 @@ impl fmt::Display for Invariant {
             Invariant::L2BoundedUndersell => "bounded undersell",
             Invariant::S5PauseHolds => "a pause or close holds everywhere",
             Invariant::S6GenerationFenced => "an open gate carries the current generation",
+            Invariant::S7AnswersTrue => "answers true when given",
         };
         write!(f, "{} {}", self.code(), name)
     }

@@ -1208,6 +1208,62 @@ impl World {
         }
     }
 
+    /// S7 for an order page just shown to `user`: the order it names is the user's in the
+    /// ledger, in the state shown or one the ledger can have moved on to since (orders are never
+    /// deleted and their states only move forward, so reading the ledger after the answer is
+    /// sound); a page that names no order shows "queued" or "none".
+    async fn status_true(&self, user: UserId, v: &seckill_engine::service::StatusView) {
+        let held = self
+            .god
+            .ledger
+            .order_of(ACTIVITY, user)
+            .await
+            .expect("in-process");
+        let shown = |s: OrderState| format!("{s:?}").to_lowercase();
+        let wrong = match (v.state, v.reservation, &held) {
+            (OrderState::Queued | OrderState::None, None, _) => None,
+            (_, None, _) | (OrderState::Queued | OrderState::None, Some(_), _) => {
+                Some(format!("{} with reservation {:?}", shown(v.state), v.reservation))
+            }
+            (_, Some(id), None) => Some(format!(
+                "{} for reservation {id}, and the ledger holds no order of this user",
+                shown(v.state)
+            )),
+            (said, Some(id), Some(o)) => {
+                let now = o.status;
+                let reachable = match said {
+                    OrderState::Created => {
+                        matches!(
+                            now,
+                            OrderStatus::Created | OrderStatus::Paid | OrderStatus::Cancelled
+                        )
+                    }
+                    OrderState::Paid => now == OrderStatus::Paid,
+                    OrderState::Cancelled => now == OrderStatus::Cancelled,
+                    OrderState::Failed => now == OrderStatus::Failed,
+                    OrderState::Queued | OrderState::None => unreachable!("matched above"),
+                };
+                (o.reservation.id != id || !reachable).then(|| {
+                    format!(
+                        "{} for reservation {id}; the ledger's order of this user is {} ({now:?})",
+                        shown(said),
+                        o.reservation.id
+                    )
+                })
+            }
+        };
+        if let Some(what) = wrong {
+            self.record(
+                vec![inv::Violation {
+                    invariant: inv::Invariant::S7AnswersTrue,
+                    bucket: None,
+                    detail: format!("user {user}'s order page showed {what}"),
+                }],
+                Verdict::Safety,
+            );
+        }
+    }
+
     /// The user checks the order page until the order shows, then (mostly) pays. With `expect`,
     /// only that reservation counts as this user's order.
     async fn follow_up(
@@ -1225,6 +1281,7 @@ impl World {
                 .call_timeout(engine, rpc::Status { user }, Duration::from_secs(1))
                 .await;
             if let Ok(Ok(v)) = status {
+                self.status_true(user, &v).await;
                 if v.state != OrderState::Queued {
                     view = Some(v);
                     break;
