@@ -133,6 +133,10 @@ pub enum Invariant {
     /// in a state the ledger's order held or has since moved on from (created, then paid or
     /// cancelled; paid, cancelled and failed are final).
     S7AnswersTrue,
+    /// L3 at quiescence: no user is locked out — every buyer mark in Redis belongs to a user the
+    /// ledger holds an order of (any status: its unique key keeps every such user out). A mark
+    /// without an order answers "duplicate" to a user who was told to retry and never bought.
+    L3NoLockout,
 }
 
 impl Invariant {
@@ -148,6 +152,7 @@ impl Invariant {
             Invariant::S5PauseHolds => "S5",
             Invariant::S6GenerationFenced => "S6",
             Invariant::S7AnswersTrue => "S7",
+            Invariant::L3NoLockout => "L3",
         }
     }
 }
@@ -165,6 +170,7 @@ impl fmt::Display for Invariant {
             Invariant::S5PauseHolds => "a pause or close holds everywhere",
             Invariant::S6GenerationFenced => "an open gate carries the current generation",
             Invariant::S7AnswersTrue => "answers true when given",
+            Invariant::L3NoLockout => "no user locked out",
         };
         write!(f, "{} {}", self.code(), name)
     }
@@ -489,6 +495,29 @@ pub fn l1_nothing_open(s: &Snapshot) -> Vec<Violation> {
                     ids.join(", ")
                 ),
             )
+        })
+        .collect()
+}
+
+/// L3 at quiescence (nothing open or pending): every user marked a buyer in some bucket holds an
+/// order in the ledger.
+pub fn l3_no_lockout(s: &Snapshot) -> Vec<Violation> {
+    let buyers: std::collections::BTreeSet<u64> = s.orders.iter().map(|o| o.user).collect();
+    s.buckets
+        .iter()
+        .filter_map(|b| {
+            let locked: Vec<u64> = b.buyers.iter().copied().filter(|u| !buyers.contains(u)).collect();
+            (!locked.is_empty()).then(|| {
+                violation(
+                    Invariant::L3NoLockout,
+                    Some(b.bucket),
+                    format!(
+                        "{} users marked buyers without an order in the ledger (e.g. {:?}): told \"duplicate\" for ever",
+                        locked.len(),
+                        &locked[..locked.len().min(3)]
+                    ),
+                )
+            })
         })
         .collect()
 }

@@ -1909,6 +1909,9 @@ impl World {
             live.extend(self.l1_exact_account(&queued).await);
             live.extend(self.l1_no_early_stale_orders());
             live.extend(inv::l1_nothing_open(&snap));
+            if drained {
+                live.extend(inv::l3_no_lockout(&snap));
+            }
             if !drained {
                 live.push(inv::Violation {
                     invariant: inv::Invariant::L1QueuedResolved,
