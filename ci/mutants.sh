@@ -78,9 +78,11 @@ open(path, "w", encoding="utf-8").write(text.replace(m["from"], m["to"]))
 EOF
 }
 
-# A copy of the working tree (tracked files, as they are now), in its own target dir.
-rm -rf "$tree"; mkdir -p "$tree"
+# A copy of the working tree (tracked files, as they are now), with a target dir of its own that
+# outlives the copy (kept warm from one run to the next).
+rm -rf "$tree"; mkdir -p "$tree" "$work/target"
 git ls-files -z | xargs -0 cp --parents -t "$tree"
+ln -s "$work/target" "$tree/target"
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 
 if [ -n "$check" ]; then

@@ -54,6 +54,9 @@ pub async fn delay_up_to(d: Duration) {
 pub struct Faults {
     started: madsim::time::Instant,
     knobs: Mutex<Knobs>,
+    /// The knob windows open now, per knob: windows overlap, and a knob goes off only when the
+    /// last of its windows closes.
+    windows: Mutex<BTreeMap<&'static str, u32>>,
     fired: Mutex<BTreeMap<String, u64>>,
     covered: Mutex<BTreeMap<&'static str, u64>>,
     /// Clients still sending: while any is, the sale is under load.
@@ -76,6 +79,7 @@ impl Faults {
         Faults {
             started: madsim::time::Instant::now(),
             knobs: Mutex::default(),
+            windows: Mutex::default(),
             fired: Mutex::default(),
             covered: Mutex::default(),
             clients_left: std::sync::atomic::AtomicUsize::new(0),
@@ -125,8 +129,28 @@ impl Faults {
         self.knobs.lock().expect("knobs").clone()
     }
 
-    pub fn set(&self, f: impl FnOnce(&mut Knobs)) {
-        f(&mut self.knobs.lock().expect("knobs"));
+    /// Open a window of knob `name` (`turn(knobs, true)` turns it on, `false` off).
+    pub fn open_window(&self, name: &'static str, turn: fn(&mut Knobs, bool)) {
+        *self.windows.lock().expect("windows").entry(name).or_default() += 1;
+        turn(&mut self.knobs.lock().expect("knobs"), true);
+    }
+
+    /// Close a window of knob `name`: the knob goes off with the last of its windows (a window
+    /// the heal already closed closes nothing).
+    pub fn close_window(&self, name: &'static str, turn: fn(&mut Knobs, bool)) {
+        let mut windows = self.windows.lock().expect("windows");
+        let Some(open) = windows.get_mut(name) else { return };
+        *open -= 1;
+        if *open == 0 {
+            windows.remove(name);
+            turn(&mut self.knobs.lock().expect("knobs"), false);
+        }
+    }
+
+    /// Every knob off, every window closed (the heal).
+    pub fn knobs_off(&self) {
+        self.windows.lock().expect("windows").clear();
+        *self.knobs.lock().expect("knobs") = Knobs::default();
     }
 
     /// Count a fault that actually fired, and trace it.

@@ -121,6 +121,20 @@ pub enum Fault {
     ConsumerPause,
 }
 
+/// A knob's probability while its window is open, else 0.
+fn prob(p: f64, on: bool) -> f64 {
+    if on {
+        p
+    } else {
+        0.0
+    }
+}
+
+/// A knob's delay while its window is open, else none.
+fn delay(ms: u64, on: bool) -> Duration {
+    Duration::from_millis(if on { ms } else { 0 })
+}
+
 impl Fault {
     /// How long the fault lasts, in ms (a window, a crash's downtime, a pause).
     fn hold_range(self) -> std::ops::Range<u64> {
@@ -1503,29 +1517,37 @@ impl World {
                 tokio::time::sleep(hold).await;
                 NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
             }
+            // Knob windows overlap the faults that follow (and each other).
             knob => {
-                let (name, set): (&str, fn(&mut crate::faults::Knobs)) = match knob {
-                    Fault::LedgerLockWait => ("ledger_lock_wait", |k| k.ledger_lock_wait = 0.3),
-                    Fault::LedgerCommitUnknown => {
-                        ("ledger_commit_unknown", |k| k.ledger_commit_unknown = 0.3)
+                type Turn = fn(&mut crate::faults::Knobs, bool);
+                let (name, turn): (&'static str, Turn) = match knob {
+                    Fault::LedgerLockWait => ("ledger_lock_wait", |k, on| k.ledger_lock_wait = prob(0.3, on)),
+                    Fault::LedgerCommitUnknown => ("ledger_commit_unknown", |k, on| {
+                        k.ledger_commit_unknown = prob(0.3, on)
+                    }),
+                    Fault::LedgerConnLoss => ("ledger_conn_loss", |k, on| k.ledger_conn_loss = prob(0.2, on)),
+                    Fault::MqDuplicate => ("mq_duplicate", |k, on| k.mq_duplicate = prob(0.3, on)),
+                    Fault::MqDelay => ("mq_delay", |k, on| k.mq_delay = delay(80, on)),
+                    Fault::MqRefuse => ("mq_refuse", |k, on| k.mq_refuse = prob(0.5, on)),
+                    Fault::MqAckLost => ("mq_ack_lost", |k, on| k.mq_ack_lost = prob(0.3, on)),
+                    Fault::MqLoseAfterAck => {
+                        ("mq_lose_after_ack", |k, on| k.mq_lose_after_ack = prob(0.2, on))
                     }
-                    Fault::LedgerConnLoss => ("ledger_conn_loss", |k| k.ledger_conn_loss = 0.2),
-                    Fault::MqDuplicate => ("mq_duplicate", |k| k.mq_duplicate = 0.3),
-                    Fault::MqDelay => ("mq_delay", |k| k.mq_delay = Duration::from_millis(80)),
-                    Fault::MqRefuse => ("mq_refuse", |k| k.mq_refuse = 0.5),
-                    Fault::MqAckLost => ("mq_ack_lost", |k| k.mq_ack_lost = 0.3),
-                    Fault::MqLoseAfterAck => ("mq_lose_after_ack", |k| k.mq_lose_after_ack = 0.2),
-                    Fault::RedisLatency => ("redis_latency", |k| k.redis_latency = Duration::from_millis(60)),
-                    _ => ("redis_slow_script", |k| k.redis_slow_script = 0.05),
+                    Fault::RedisLatency => ("redis_latency", |k, on| k.redis_latency = delay(60, on)),
+                    _ => ("redis_slow_script", |k, on| k.redis_slow_script = prob(0.05, on)),
                 };
                 f.event(format!("window {name} for {} ms", hold.as_millis()));
                 // Windows whose effect is a delay count when opened; the others count per hit.
                 if matches!(knob, Fault::MqDelay | Fault::RedisLatency) {
                     f.fired(name);
                 }
-                f.set(set);
-                tokio::time::sleep(hold).await;
-                f.set(|k| *k = Default::default());
+                f.open_window(name, turn);
+                let f = f.clone();
+                let task = tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    f.close_window(name, turn);
+                });
+                self.background.lock().expect("background").push(task);
             }
         }
     }
@@ -1708,7 +1730,7 @@ impl World {
 
     /// Undo every fault: knobs off, links healed, every node running.
     async fn heal(&self) {
-        self.faults.set(|k| *k = Default::default());
+        self.faults.knobs_off();
         let net = NetSim::current();
         net.update_config(|c| c.packet_loss_rate = 0.0);
         let nodes: Vec<&NodeHandle> = self.nodes().collect();
