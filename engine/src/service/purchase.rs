@@ -428,8 +428,11 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                 )),
                 None,
             ),
-            // Still open: the reconciler republishes it.
-            Err(release) if !release.is_indeterminate() => (PurchaseOutcome::Queued(reservation), Some(true)),
+            // Not given back. Whether it is still open (then the reconciler republishes it and
+            // the order comes) or went with Redis's data is not known, even when Redis answered:
+            // an error reply proves the release did not run, not that the reservation is there (a
+            // restart lost it, and the release met NOSCRIPT: simulation chaos seed 76). No
+            // promise either way.
             Err(release) => (
                 unavailable(format!(
                     "order bus: {e}; giving the units back: {release} (check the order's status)"
