@@ -1327,10 +1327,26 @@ impl World {
 
     /// A random schedule over the scenario's faults: one at a time, each for a short while.
     async fn nemesis(self: Arc<Self>) {
-        let kinds = self.cfg.scenario.faults();
-        if kinds.is_empty() {
+        let all = self.cfg.scenario.faults();
+        if all.is_empty() {
             return;
         }
+        // Swarm testing: chaos uses, per seed, a subset of its fault types (each kept at even
+        // odds, at least one), so that a seed's faults hit a few parts hard rather than every
+        // part a little. Drawn from a stream of its own: the subset is the seed's alone.
+        let kinds: Vec<Fault> = if self.cfg.scenario == Scenario::Chaos {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(self.cfg.seed ^ 0x5a_a4_4a);
+            let mut kept: Vec<Fault> = all.iter().copied().filter(|_| rng.gen_bool(0.5)).collect();
+            if kept.is_empty() {
+                kept.push(all[rng.gen_range(0..all.len())]);
+            }
+            let names: std::collections::BTreeSet<String> = kept.iter().map(|f| format!("{f:?}")).collect();
+            let names: Vec<String> = names.into_iter().collect();
+            self.faults.event(format!("swarm: {}", names.join(" ")));
+            kept
+        } else {
+            all.to_vec()
+        };
         // Aimed faults of the operator scenario, before the random ones: a pause at once, while
         // the sale is at its busiest (what a stale API process sells after it is the point), and
         // a Redis loss with a long pause right behind it, so that the recovery's reopen falls
