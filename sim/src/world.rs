@@ -57,7 +57,8 @@ pub enum Scenario {
     ProducerFaults,
     /// Redis restarts that lose the last AOF window.
     RedisLoss,
-    /// The whole catalog, including faults only the reconciler can heal.
+    /// The whole catalog, including faults only the reconciler can heal (per seed a random
+    /// subset of the types: swarm testing).
     Chaos,
     /// Records lost after their ack: only the reconciler's republish gets those orders through.
     LostRecords,
