@@ -14,7 +14,11 @@ if [ ! -x "$venv/bin/st" ]; then
 fi
 cargo build --release -q --bin seckill
 bin=target/release/seckill
-port=$((20000 + RANDOM % 10000)) admin=$((30000 + RANDOM % 10000))
+# Ports the kernel says are free now (a random pick once met a port in use: the admin range
+# overlapped the ephemeral ports of the services' own connections).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port) admin=$(free_port)
+while [ "$admin" = "$port" ]; do admin=$(free_port); done
 env -u REDIS_URL -u KAFKA_BROKERS -u DATABASE_URL SECKILL_LOG=warn \
   SECKILL_ADMIN_TOKEN=schemathesis-admin-token SECKILL_PAYMENT_SECRET=schemathesis-payment \
   SECKILL_JWT_SECRET=schemathesis-jwt-secret-0123456789abcdef \
