@@ -26,6 +26,11 @@ env -u REDIS_URL -u KAFKA_BROKERS -u DATABASE_URL SECKILL_LOG=warn \
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 100); do curl -sf "localhost:$admin/healthz" > /dev/null && break; sleep 0.2; done
+if ! curl -sf "localhost:$admin/healthz" > /dev/null; then
+  echo "ci/schemathesis.sh: the server did not come up; its log:" >&2
+  cat target/schemathesis/serve.log >&2
+  exit 1
+fi
 now=$(date +%s%3N)
 curl -sf -X POST "localhost:$admin/api/v1/admin/activities" -H 'authorization: Bearer schemathesis-admin-token' \
   -d '{"id": 1, "total_stock": 100, "buckets": 4, "fallback_pct": 10, "start_ms": '"$now"', "end_ms": '"$((now + 3600000))"', "pay_timeout_ms": 900000}' > /dev/null
