@@ -2,10 +2,12 @@
 -- shares the bucket's hash tag). This file is the only place the reserve logic exists.
 --
 -- KEYS[1] sk:{A.b}:stock   KEYS[2] sk:{A.b}:buyers   KEYS[3] sk:{A.b}:resv   KEYS[4] sk:{A.b}:gate
+-- KEYS[5] sk:{A.b}:void    (reservation ids of fallback attempts the reconciler gave up)
 --
 -- op "own"      (the user's own bucket)  ARGV: op, user, qty, reservation id, now_ms, bucket, fallback("1"|"0")
 -- op "fallback" (the fallback bucket)    ARGV: op, user, qty, reservation id, now_ms, bucket
 --   -> {"reserved", bucket, generation} | {"duplicate"} | {"empty"} | {"pending"} | {"not_warmed"}
+--    | {"voided"} (fallback only: the attempt was given up, see op "void"; nothing is taken)
 --    | {"gated", state}: the bucket's gate (gate.lua) is not open — state closed, paused or
 --      recovering; a missing gate counts as closed. Nothing is taken and no mark is left.
 --   "pending" (own only, when the bucket is empty and a fallback exists): the user is marked in
@@ -14,6 +16,12 @@
 -- op "resolve"  (the user's own bucket, after the fallback attempt)  ARGV: op, user, "keep"|"clear"
 --   "keep": the user won from the fallback; the buyer mark stays, the pending field goes.
 --   "clear": the fallback was empty too; mark and pending field both go.   -> {"resolved", n}
+-- op "void"     (the fallback bucket, by the reconciler giving up a pending mark it saw no unit
+--               of)  ARGV: op, user, reservation id
+--   -> {"held"}: the user holds a unit of this bucket (won meanwhile): the mark must be kept
+--    | {"voided"}: the id is recorded in KEYS[5]; a fallback reserve of it that arrives later
+--      (queued behind a slow Redis past the reconciler's grace period) answers {"voided"} and
+--      takes nothing, so clearing the own bucket's mark cannot leave a unit without its mark.
 --
 -- A reservation is the field <reservation id> of resv with value
 -- "<user>|<qty>|<reserved_at_ms>|<generation>" (the generation of the gate it was taken under);
@@ -34,6 +42,19 @@ if op == "resolve" then
   return {"resolved", n}
 end
 
+if op == "void" then
+  local rid = ARGV[3]
+  if not rid or not string.match(rid, "^%x+$") then
+    return redis.error_reply("ERR reserve: reservation id must be hex")
+  end
+  local holds = redis.call("SISMEMBER", KEYS[2], user) == 1
+  if holds then
+    return {"held"}
+  end
+  redis.call("SADD", KEYS[5], rid)
+  return {"voided"}
+end
+
 if op ~= "own" and op ~= "fallback" then
   return redis.error_reply("ERR reserve: unknown op " .. tostring(op))
 end
@@ -44,6 +65,10 @@ end
 local rid = ARGV[4]
 if not rid or not string.match(rid, "^%x+$") then
   return redis.error_reply("ERR reserve: reservation id must be hex")
+end
+
+if op == "fallback" and redis.call("SISMEMBER", KEYS[5], rid) == 1 then
+  return {"voided"}
 end
 
 local stock = redis.call("GET", KEYS[1])

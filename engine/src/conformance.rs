@@ -245,6 +245,24 @@ where
             !c.holds(&plan, users[10]).await.unwrap(),
             "pending mark cleared after empty fallback"
         );
+        // The reconciler gives up old pending marks: a fallback winner's is kept; an attempt
+        // with no unit is voided, and its fallback reserve arriving late takes nothing.
+        assert!(c.give_up_pending(&plan, users[8], f1.id).await.unwrap(), "kept");
+        assert!(c.holds(&plan, users[8]).await.unwrap(), "still marked");
+        assert!(
+            !c.give_up_pending(&plan, users[11], rid(11)).await.unwrap(),
+            "voided"
+        );
+        let late = c.reserve(&plan, users[11], 1, rid(11), 1_011).await;
+        assert!(
+            matches!(&late, Err(e) if e.to_string().contains("gave it up")),
+            "a voided attempt's late reserve is refused: {late:?}"
+        );
+        assert!(
+            !c.give_up_pending(&plan, users[11], rid(11)).await.unwrap(),
+            "voided again"
+        );
+        assert!(!c.holds(&plan, users[11]).await.unwrap(), "and its mark cleared");
         let view = c.snapshot(&plan).await.unwrap();
         assert!(
             view.buckets.iter().all(|b| b.pending.is_empty()),

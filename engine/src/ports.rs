@@ -337,6 +337,17 @@ pub trait StockCache: Clone + Send + Sync + 'static {
         keep: bool,
     ) -> impl Future<Output = PortResult<()>> + Send;
 
+    /// Give up a pending-fallback attempt nobody resolved (the reconciler, once the mark is old
+    /// and no unit of the attempt is seen): its id is voided in the fallback bucket first — a
+    /// fallback reserve of it arriving later takes nothing — then the mark is cleared; if the
+    /// user holds a fallback unit by then, the mark is kept instead. `Ok(true)`: kept.
+    fn give_up_pending(
+        &self,
+        plan: &StockPlan,
+        user: UserId,
+        attempt: ReservationId,
+    ) -> impl Future<Output = PortResult<bool>> + Send;
+
     /// Take `t.units` from `t.from` for a transfer (idempotent by id). `Ok(false)`: not enough stock.
     fn take(&self, plan: &StockPlan, t: &Transfer) -> impl Future<Output = PortResult<bool>> + Send;
 

@@ -223,7 +223,7 @@ pub struct ActivityPass {
     pub activity: ActivityId,
     pub recovery: PortResult<Recovery>,
     pub reconcile: PortResult<ReconcileReport>,
-    pub cancelled: PortResult<u64>,
+    pub cancelled: PortResult<jobs::PayTimeoutReport>,
 }
 
 /// Compose the `jobs` role.
@@ -338,6 +338,12 @@ impl<C: StockCache, B: OrderBus, L: Ledger> JobsRole<C, B, L> {
         }
         let cancelled = jobs::cancel_unpaid(&self.cache, &self.ledger, &plan, self.clock.now_ms()).await;
         failed("payment_timeout", a, &cancelled);
+        if let Ok(c) = &cancelled {
+            if c.release_failures > 0 {
+                tracing::warn!(activity = %a, cancelled = c.cancelled, failed = c.release_failures,
+                    "cancelled orders' units not given back yet; the reconciler retries");
+            }
+        }
         ActivityPass {
             activity: a,
             recovery,

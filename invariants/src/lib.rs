@@ -25,6 +25,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Each bucket's buyer marks in Redis.
+    pub fn buyer_marks(&self) -> BTreeMap<u32, BTreeSet<u64>> {
+        self.buckets
+            .iter()
+            .map(|b| (b.bucket, b.buyers.iter().copied().collect()))
+            .collect()
+    }
+
     /// Units held by the ledger's created and paid orders.
     pub fn units_sold(&self) -> u64 {
         self.orders
@@ -72,7 +80,10 @@ pub struct OpenReservation {
 pub struct Order {
     pub reservation: String,
     pub user: u64,
+    /// The bucket its unit came from.
     pub bucket: u32,
+    /// The user's own bucket (`route(user)`); differs from `bucket` for a fallback unit.
+    pub own_bucket: u32,
     pub qty: u64,
     pub status: OrderStatus,
 }
@@ -137,6 +148,11 @@ pub enum Invariant {
     /// ledger holds an order of (any status: its unique key keeps every such user out). A mark
     /// without an order answers "duplicate" to a user who was told to retry and never bought.
     L3NoLockout,
+    /// R2 at quiescence: the buyer marks reconcile with the ledger — every user holding a
+    /// created, paid or cancelled order is marked in its own bucket and in the bucket its unit
+    /// came from (the dual of L3). An order holder without its mark can reserve again: only the
+    /// ledger's unique key stands between it and a second unit.
+    R2BuyersMarked,
 }
 
 impl Invariant {
@@ -153,6 +169,7 @@ impl Invariant {
             Invariant::S6GenerationFenced => "S6",
             Invariant::S7AnswersTrue => "S7",
             Invariant::L3NoLockout => "L3",
+            Invariant::R2BuyersMarked => "R2",
         }
     }
 }
@@ -171,6 +188,7 @@ impl fmt::Display for Invariant {
             Invariant::S6GenerationFenced => "an open gate carries the current generation",
             Invariant::S7AnswersTrue => "answers true when given",
             Invariant::L3NoLockout => "no user locked out",
+            Invariant::R2BuyersMarked => "buyer marks reconciled",
         };
         write!(f, "{} {}", self.code(), name)
     }
@@ -340,11 +358,7 @@ pub fn s2_redis_one_reservation_per_user(s: &Snapshot) -> Vec<Violation> {
 /// it a second unit (DESIGN §4, the pending-fallback mark). Same caveat as above: only while
 /// Redis loses nothing.
 pub fn s2_redis_fallback_winners_marked(s: &Snapshot) -> Vec<Violation> {
-    let marked: BTreeMap<u32, BTreeSet<u64>> = s
-        .buckets
-        .iter()
-        .map(|b| (b.bucket, b.buyers.iter().copied().collect()))
-        .collect();
+    let marked = s.buyer_marks();
     s.buckets
         .iter()
         .flat_map(|b| b.open.iter().map(move |r| (b.bucket, r)))
@@ -522,6 +536,37 @@ pub fn l3_no_lockout(s: &Snapshot) -> Vec<Violation> {
         .collect()
 }
 
+/// R2 at quiescence (nothing open or pending): every order of the ledger but a failed one keeps
+/// its user marked in its own bucket and in the bucket its unit came from (`rebuild.lua` marks
+/// every order's user so; `reserve.lua` and the pending-mark resolution keep them so). A failed
+/// order — refused for an older generation — was never a sale of the current Redis: its user
+/// may be unmarked (the ledger's unique key still refuses a second order).
+pub fn r2_buyers_marked(s: &Snapshot) -> Vec<Violation> {
+    let marked = s.buyer_marks();
+    let mut unmarked: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for o in s.orders.iter().filter(|o| o.status != OrderStatus::Failed) {
+        for b in BTreeSet::from([o.own_bucket, o.bucket]) {
+            if !marked.get(&b).is_some_and(|m| m.contains(&o.user)) {
+                unmarked.entry(b).or_default().push(o.user);
+            }
+        }
+    }
+    unmarked
+        .into_iter()
+        .map(|(b, users)| {
+            violation(
+                Invariant::R2BuyersMarked,
+                Some(b),
+                format!(
+                    "{} users holding an order are not marked buyers here (e.g. {:?}): they can reserve again",
+                    users.len(),
+                    &users[..users.len().min(3)]
+                ),
+            )
+        })
+        .collect()
+}
+
 /// One gate as read raw from Redis: whether it sells, and the generation it stamps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GateState {
@@ -606,6 +651,7 @@ mod tests {
             reservation: r.into(),
             user,
             bucket,
+            own_bucket: bucket,
             qty: 1,
             status,
         };
@@ -620,6 +666,7 @@ mod tests {
                     ledger_initial: Some(5),
                     ledger_remaining: Some(3),
                     journal_delta: -2,
+                    buyers: vec![1, 2],
                     ..Default::default()
                 },
                 BucketState {
@@ -660,12 +707,39 @@ mod tests {
     }
 
     #[test]
+    fn r2_catches_an_order_holder_left_unmarked() {
+        let mut s = healthy();
+        s.buckets[1].open.clear();
+        assert_eq!(
+            r2_buyers_marked(&s),
+            vec![],
+            "the failed order's user may be unmarked"
+        );
+        // a fallback winner: user 4 of bucket 0 holds a unit of bucket 1, marked only there
+        s.orders.push(Order {
+            reservation: "w".into(),
+            user: 4,
+            bucket: 1,
+            own_bucket: 0,
+            qty: 1,
+            status: OrderStatus::Cancelled,
+        });
+        s.buckets[1].buyers.push(4);
+        let v = r2_buyers_marked(&s);
+        assert_eq!((codes(&v), v[0].bucket), (vec!["R2"], Some(0)));
+        assert!(v[0].detail.contains("[4]"), "{}", v[0].detail);
+        s.buckets[0].buyers.push(4);
+        assert_eq!(r2_buyers_marked(&s), vec![]);
+    }
+
+    #[test]
     fn s1_catches_ledger_selling_more_than_its_rows_say() {
         let mut s = healthy();
         s.orders.push(Order {
             reservation: "x".into(),
             user: 7,
             bucket: 0,
+            own_bucket: 0,
             qty: 1,
             status: OrderStatus::Created,
         });
@@ -749,6 +823,7 @@ mod tests {
             reservation: "c".into(),
             user: 3,
             bucket: 1,
+            own_bucket: 1,
             qty: 1,
             status: OrderStatus::Created,
         });

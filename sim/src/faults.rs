@@ -62,6 +62,17 @@ pub struct Faults {
     /// Clients still sending: while any is, the sale is under load.
     clients_left: std::sync::atomic::AtomicUsize,
     trace: Mutex<VecDeque<String>>,
+    /// Transfers a rebalancer reported complete, not yet looked at by the checker.
+    transfers_done: Mutex<Vec<TransferDone>>,
+}
+
+/// A transfer a rebalancer reported complete: its ack must be in the source bucket's xfer hash.
+#[derive(Debug, Clone)]
+pub struct TransferDone {
+    pub id: String,
+    pub from: u32,
+    /// When the pass that made it began (a Redis restart after this may have lost the ack).
+    pub since: Duration,
 }
 
 /// Events kept for a failure report.
@@ -84,6 +95,7 @@ impl Faults {
             covered: Mutex::default(),
             clients_left: std::sync::atomic::AtomicUsize::new(0),
             trace: Mutex::default(),
+            transfers_done: Mutex::default(),
         }
     }
 
@@ -91,6 +103,15 @@ impl Faults {
     /// summed over a sweep, which fails if a target never happened (`seckill-sim summarize`).
     pub fn cover(&self, what: &'static str) {
         *self.covered.lock().expect("covered").entry(what).or_insert(0) += 1;
+    }
+
+    /// A rebalancer reported this transfer complete (for the checker: `take_transfers_done`).
+    pub fn transfer_done(&self, t: TransferDone) {
+        self.transfers_done.lock().expect("transfers").push(t);
+    }
+
+    pub fn take_transfers_done(&self) -> Vec<TransferDone> {
+        std::mem::take(&mut *self.transfers_done.lock().expect("transfers"))
     }
 
     pub fn coverage(&self) -> BTreeMap<String, u64> {

@@ -55,11 +55,10 @@ pub struct Timings {
     pub lease_ms: u64,
     /// The reconciler republishes an open reservation the ledger lacks once this old.
     pub republish_after_ms: u64,
-    /// The reconciler resolves a pending-fallback mark once this old: from production's default
-    /// (2 s) up. At 1.3 s, under overlapping slow-script windows, a fallback reserve queued in
-    /// Redis ran after the reconciler had cleared its user's own-bucket mark (rebalancing, seed
-    /// 1019: S2 in Redis) — the resolution goes by age alone, and a reserve the clear could
-    /// void would not need the margin.
+    /// The reconciler gives up a pending-fallback mark once this old (production: 2 s). Drawn
+    /// down to 1 s, so that fallback reserves still queued in a slow Redis meet the give-up's
+    /// void (when the give-up went by age alone, rebalancing seed 1019 at 1.3 s left a fallback
+    /// unit without its own-bucket mark: S2 in Redis).
     pub pending_after_ms: u64,
 }
 
@@ -73,7 +72,7 @@ impl Timings {
             drain_timeout_ms: rng.gen_range(2_000..=6_000),
             lease_ms: rng.gen_range(1_500..=5_000),
             republish_after_ms: rng.gen_range(500..=2_500),
-            pending_after_ms: rng.gen_range(2_000..=3_000),
+            pending_after_ms: rng.gen_range(1_000..=2_500),
         }
     }
 
@@ -197,7 +196,13 @@ pub async fn jobs_main(addr: SocketAddr, index: usize, timings: Timings, faults:
     madsim::task::spawn(async move {
         loop {
             tokio::time::sleep(JOBS_EVERY).await;
+            let since = f.elapsed();
             for (_, t) in r.rebalance().await.unwrap_or_default() {
+                f.transfer_done(crate::faults::TransferDone {
+                    id: t.id.clone(),
+                    from: t.from.0,
+                    since,
+                });
                 f.event(format!(
                     "{n}: rebalanced {} units from bucket {} to {}",
                     t.units, t.from, t.to
@@ -274,8 +279,16 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
         }
     }
     match pass.cancelled {
-        Ok(0) => {}
-        Ok(n) => faults.event(format!("{name}: payment timeout: {n} orders cancelled")),
+        Ok(c) if c.cancelled == 0 => {}
+        Ok(c) => {
+            if c.released > 0 {
+                faults.cover("cancel_released_at_timeout");
+            }
+            faults.event(format!(
+                "{name}: payment timeout: {} orders cancelled, {} released, {} releases failed",
+                c.cancelled, c.released, c.release_failures
+            ))
+        }
         Err(e) => faults.event(format!("{name}: payment timeout: {e}")),
     }
 }

@@ -94,6 +94,8 @@ pub struct RedisStore {
     /// that loses one after this, while the answer is on its way, is data loss, not a false
     /// promise.
     pub adopted_at: Mutex<BTreeMap<String, Duration>>,
+    /// When the node last restarted (`None`: never): what it wrote before may be lost.
+    pub restarted_at: Mutex<Option<Duration>>,
     _alive: Alive,
 }
 
@@ -123,6 +125,7 @@ impl RedisStore {
             starts: AtomicU64::new(0),
             lost_outbox: Mutex::default(),
             adopted_at: Mutex::default(),
+            restarted_at: Mutex::default(),
             _alive: Alive::new(),
         }
     }
@@ -143,6 +146,7 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
         }
         let after = store.model.read(outbox);
         let at = faults.elapsed();
+        *store.restarted_at.lock().expect("restarted") = Some(at);
         store
             .lost_outbox
             .lock()
@@ -168,9 +172,14 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
             }
             let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
             if let (Reply::Array(items), Some(rid)) = (&reply, req.args.get(1)) {
-                if matches!(items.first(), Some(Reply::Bulk(tag)) if tag == b"adopted") {
-                    let at = f.elapsed();
-                    s.adopted_at.lock().expect("adopted").insert(rid.clone(), at);
+                match items.first() {
+                    Some(Reply::Bulk(tag)) if tag == b"adopted" => {
+                        let at = f.elapsed();
+                        s.adopted_at.lock().expect("adopted").insert(rid.clone(), at);
+                    }
+                    // A fallback reserve that reached Redis after the reconciler gave it up.
+                    Some(Reply::Bulk(tag)) if tag == b"voided" => f.cover("late_fallback_voided"),
+                    _ => {}
                 }
             }
             reply

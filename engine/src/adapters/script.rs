@@ -107,8 +107,22 @@ pub fn xfer_key(a: ActivityId, b: BucketNo) -> String {
 pub fn gate_key(a: ActivityId, b: BucketNo) -> String {
     format!("sk:{{{a}.{b}}}:gate")
 }
+pub fn void_key(a: ActivityId, b: BucketNo) -> String {
+    format!("sk:{{{a}.{b}}}:void")
+}
 pub fn meta_key(a: ActivityId) -> String {
     format!("sk:{{{a}}}:meta")
+}
+
+/// `reserve.lua`'s keys for bucket `b`.
+fn reserve_keys(a: ActivityId, b: BucketNo) -> Vec<String> {
+    vec![
+        stock_key(a, b),
+        buyers_key(a, b),
+        resv_key(a, b),
+        gate_key(a, b),
+        void_key(a, b),
+    ]
 }
 
 fn bucket_keys(a: ActivityId, b: BucketNo) -> Vec<String> {
@@ -153,6 +167,8 @@ enum Step {
     Pending,
     NotWarmed,
     Gated(ActivityState),
+    /// A fallback attempt the reconciler gave up before it arrived: nothing was taken.
+    Voided,
 }
 
 /// `StockCache` for every backend that speaks scripts.
@@ -263,12 +279,7 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         candidate: &mut Reservation,
     ) -> PortResult<Step> {
         let (a, bucket) = (candidate.activity, candidate.bucket);
-        let keys = vec![
-            stock_key(a, bucket),
-            buyers_key(a, bucket),
-            resv_key(a, bucket),
-            gate_key(a, bucket),
-        ];
+        let keys = reserve_keys(a, bucket);
         let mut args = vec![
             op.to_string(),
             candidate.user.to_string(),
@@ -297,6 +308,7 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
             ("duplicate", []) => Step::Duplicate,
             ("empty", []) => Step::Empty,
             ("pending", []) => Step::Pending,
+            ("voided", []) if op == "fallback" => Step::Voided,
             ("not_warmed", []) => Step::NotWarmed,
             ("gated", [state]) => match as_str(state).and_then(ActivityState::parse) {
                 Some(state) => Step::Gated(state),
@@ -578,6 +590,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
                 return Ok(ReserveOutcome::Empty);
             }
             Step::Pending => {}
+            Step::Voided => unreachable!("reserve_in answers Voided to a fallback reserve only"),
         }
         // The own bucket left a pending mark: try the fallback. A unit won there keeps the
         // mark pending until the caller knows the publish's outcome (DESIGN §4): the caller
@@ -597,6 +610,14 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         };
         let (keep, result) = match step {
             Step::Reserved => return Ok(ReserveOutcome::Reserved(fallback)),
+            // Queued behind a slow Redis past the reconciler's grace period, which gave the
+            // attempt up and cleared the mark (resolving now could clear a newer attempt's).
+            Step::Voided => {
+                return Err(PortError::determinate(
+                    "reserve",
+                    "the fallback attempt arrived after the reconciler gave it up; nothing was taken",
+                ))
+            }
             Step::Duplicate => (true, ReserveOutcome::Duplicate),
             Step::NotWarmed => (false, ReserveOutcome::NotWarmed),
             Step::Gated(state) => (false, ReserveOutcome::Gated(state)),
@@ -819,6 +840,27 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             ("resolved", [Reply::Int(_)]) => Ok(()),
             _ => Err(bad_reply("resolve pending", &reply)),
         }
+    }
+
+    async fn give_up_pending(
+        &self,
+        plan: &StockPlan,
+        user: UserId,
+        attempt: ReservationId,
+    ) -> PortResult<bool> {
+        let fallback = plan.fallback_bucket();
+        let args = vec!["void".into(), user.to_string(), attempt.to_string()];
+        let keys = reserve_keys(plan.activity, fallback);
+        let reply = self
+            .run("void fallback attempt", Script::Reserve, keys, args)
+            .await?;
+        let kept = match tagged("void fallback attempt", &reply)? {
+            ("held", []) => true,
+            ("voided", []) => false,
+            _ => return Err(bad_reply("void fallback attempt", &reply)),
+        };
+        StockCache::resolve_pending(self, plan, user, kept).await?;
+        Ok(kept)
     }
 
     async fn take(&self, plan: &StockPlan, t: &Transfer) -> PortResult<bool> {

@@ -8,7 +8,7 @@ pub mod rebalance;
 pub mod reconcile;
 pub mod recover;
 
-pub use pay_timeout::cancel_unpaid;
+pub use pay_timeout::{cancel_unpaid, PayTimeoutReport};
 pub use rebalance::{rebalance, RebalanceConfig};
 pub use reconcile::{reconcile, Difference, ReconcileConfig, ReconcileReport};
 pub use recover::{

@@ -78,6 +78,10 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
         if !cache.take(plan, &t).await? {
             continue; // sold meanwhile
         }
+        // Fault point: a runner stalled between take and give (the units are in neither bucket:
+        // the reconciler may finish the transfer meanwhile, and this runner then finishes it too).
+        #[cfg(madsim)]
+        crate::planted::stall(10, std::time::Duration::from_millis(1_500)).await;
         finish(cache, ledger, plan, &t).await?;
         for (b, s) in stock.iter_mut() {
             if *b == from {

@@ -3,8 +3,10 @@
 //! - an open reservation the ledger already holds → settle it;
 //! - an open reservation the ledger lacks, older than the grace period → republish it (the
 //!   ledger dedupes by reservation id, so a republish of something in flight is harmless);
-//! - a pending-fallback mark older than the grace period → keep it if its attempt holds a unit
-//!   (open in some bucket, or an order), else clear it;
+//! - a pending-fallback mark older than the grace period → give its attempt up: in one script on
+//!   the fallback bucket, keep the mark if the user holds a unit there (open, or an order's),
+//!   else void the attempt's id (a reserve of it still queued in Redis then takes nothing) and
+//!   clear the mark;
 //! - a cancelled order whose units are not back in Redis → release it (idempotent);
 //! - a transfer taken but not acknowledged → finish it (ledger transfer, give, ack; idempotent);
 //! - what remains of `redis stock + open + sold − transfers in + out − initial` after the above is
@@ -31,7 +33,13 @@ const ACTIONS_IN_FLIGHT: usize = 32;
 enum Action {
     Settle(Reservation),
     Republish(Reservation),
-    Resolve { user: UserId, keep: bool },
+    /// An old pending-fallback mark: give its attempt up — kept if the user holds a fallback
+    /// unit (`kept`, known once done), else voided and cleared.
+    GiveUp {
+        user: UserId,
+        attempt: ReservationId,
+        kept: bool,
+    },
     Finish(Transfer),
     ReleaseCancelled(Reservation),
 }
@@ -244,8 +252,13 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             .iter()
             .filter(|p| now_ms >= p.since_ms.saturating_add(cfg.pending_after_ms))
         {
-            let keep = first.open_anywhere.contains(&p.reservation) || held.contains(&p.reservation);
-            actions.push(Action::Resolve { user: p.user, keep });
+            // Whether the attempt won is decided in Redis, atomically with the void: a decision
+            // from this pass's snapshot would miss a fallback reserve that lands after it.
+            actions.push(Action::GiveUp {
+                user: p.user,
+                attempt: p.reservation,
+                kept: false,
+            });
         }
         actions.extend(b.transfers_in_flight.iter().cloned().map(Action::Finish));
         // Units the ledger took back but Redis has not yet: this pass gives them back.
@@ -278,8 +291,8 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     }
 
     let mut results = futures::stream::iter(actions)
-        .map(|action| async move {
-            let done = match &action {
+        .map(|mut action| async move {
+            let done = match &mut action {
                 Action::Settle(r) => cache.settle(r).await,
                 // Adopted first: the purchase that failed to publish it can no longer give it
                 // back (it answers "queued" instead), so a republished order is never one the
@@ -288,8 +301,11 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                     Ok(true) => bus.publish(r).await.map(|()| true),
                     other => other,
                 },
-                Action::Resolve { user, keep } => {
-                    cache.resolve_pending(plan, *user, *keep).await.map(|()| true)
+                Action::GiveUp { user, attempt, kept } => {
+                    cache.give_up_pending(plan, *user, *attempt).await.map(|k| {
+                        *kept = k;
+                        true
+                    })
                 }
                 Action::Finish(t) => super::rebalance::finish(cache, ledger, plan, t)
                     .await
@@ -306,8 +322,8 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         let count = match action {
             Action::Settle(_) => &mut report.settled,
             Action::Republish(_) => &mut report.republished,
-            Action::Resolve { keep: true, .. } => &mut report.pending_kept,
-            Action::Resolve { keep: false, .. } => &mut report.pending_cleared,
+            Action::GiveUp { kept: true, .. } => &mut report.pending_kept,
+            Action::GiveUp { kept: false, .. } => &mut report.pending_cleared,
             Action::Finish(_) => &mut report.transfers_finished,
             Action::ReleaseCancelled(_) => &mut report.cancels_released,
         };

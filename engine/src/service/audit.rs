@@ -134,6 +134,7 @@ pub fn snapshot_of(redis: &CacheView, db: &LedgerView, plan: &StockPlan) -> Snap
             reservation: o.reservation.id.to_string(),
             user: o.reservation.user.0,
             bucket: o.reservation.bucket.0,
+            own_bucket: plan.route(o.reservation.user).0,
             qty: o.reservation.qty as u64,
             status: o.status,
         })

@@ -140,6 +140,13 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
             let started = tokio::time::Instant::now();
             let outcomes = self.ledger.apply(&events).await?;
             metrics::histogram!("seckill_apply_seconds").record(started.elapsed().as_secs_f64());
+            // Fault point: a worker stalled between the ledger's commit and the settles (the
+            // orders exist while their reservations are still open in Redis: the reconciler may
+            // settle or republish them meanwhile, and the batch is not committed on the bus).
+            // Rare and mostly shorter than the group's session timeout: a worker stalled past it
+            // on every tenth batch is kicked from the group faster than it can commit anything.
+            #[cfg(madsim)]
+            crate::planted::stall(50, std::time::Duration::from_millis(1_500)).await;
             outcomes
         };
         if outcomes.len() != events.len() {

@@ -412,12 +412,16 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         // Certainly not published: give the units back and let the user retry — unless the
         // reconciler adopted the reservation to republish it (or it is already an order): then
         // the order is on its way, and so is the answer "queued".
-        match self
+        let released = self
             .inner
             .cache
             .release(&reservation, ReleaseKind::Unpublished)
-            .await
-        {
+            .await;
+        // Fault point: a process stalled between a release's effect and its answer (the units
+        // are back and the mark gone while the own bucket's pending mark, if any, waits).
+        #[cfg(madsim)]
+        crate::planted::stall(20, std::time::Duration::from_millis(2_000)).await;
+        match released {
             Ok(Released::Released) => (unavailable(format!("order bus: {e}")), Some(false)),
             Ok(Released::Adopted) => (PurchaseOutcome::Queued(reservation), Some(true)),
             // Gone from Redis: lost with Redis data (no order then), or rescued, applied and

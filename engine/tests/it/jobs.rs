@@ -7,7 +7,8 @@ use seckill_engine::adapters::script::{buyers_key, gate_key, resv_key, stock_key
 use seckill_engine::domain::{Activity, ActivityId, Reservation, ReservationId, StockPlan};
 use seckill_engine::domain::{ActivityState, BucketNo, UserId};
 use seckill_engine::jobs::{
-    cancel_unpaid, reconcile, recover_if_needed, ReconcileConfig, Recovery, RecoveryConfig, RecoveryReport,
+    cancel_unpaid, reconcile, recover_if_needed, PayTimeoutReport, ReconcileConfig, Recovery, RecoveryConfig,
+    RecoveryReport,
 };
 use seckill_engine::ports::{
     ApplyOutcome, CancelOutcome, Intent, Ledger, LedgerView, OrderBus, OrderRow, OrderStatus, PayOutcome,
@@ -167,25 +168,19 @@ async fn payment_timeout_cancels_once_and_gives_the_unit_back_to_its_bucket() {
     let before = rig.stocks().await;
     // The rig's clock runs in real time: the order was reserved at 1_500 or a little later.
     let due = r.reserved_at_ms + 60_000;
+    let pass = |now| cancel_unpaid(&rig.cache, &rig.ledger, &rig.plan, now);
+    let report = |cancelled, released| PayTimeoutReport {
+        cancelled,
+        released,
+        release_failures: 0,
+    };
+    assert_eq!(pass(due - 1).await.unwrap(), report(0, 0));
     assert_eq!(
-        cancel_unpaid(&rig.cache, &rig.ledger, &rig.plan, due - 1)
-            .await
-            .unwrap(),
-        0
+        pass(due).await.unwrap(),
+        report(1, 1),
+        "cancelled, and its unit given back"
     );
-    assert_eq!(
-        cancel_unpaid(&rig.cache, &rig.ledger, &rig.plan, due)
-            .await
-            .unwrap(),
-        1
-    );
-    assert_eq!(
-        cancel_unpaid(&rig.cache, &rig.ledger, &rig.plan, due)
-            .await
-            .unwrap(),
-        0,
-        "once"
-    );
+    assert_eq!(pass(due).await.unwrap(), report(0, 0), "once");
     let mut after = before.clone();
     after[r.bucket.0 as usize] = after[r.bucket.0 as usize].map(|s| s + 1);
     assert_eq!(rig.stocks().await, after, "back to the reservation's own bucket");
