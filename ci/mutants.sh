@@ -33,11 +33,13 @@ export CARGO_PROFILE_RELEASE_INCREMENTAL=true
 
 root=$PWD
 work=$root/target/mutants
-tree=$work/tree
+# --check gets a tree and catalogue of its own: it may run while a full run uses the others.
+tree=$work/tree${check:+-check}
+catalogue=$work/catalogue${check:+-check}.jsonl
 mkdir -p "$work"
 
 # The catalogue, parsed once: one JSON object per mutant (id, file, from, to).
-python3 - "$root/ci/mutants.txt" > "$work/catalogue.jsonl" <<'EOF'
+python3 - "$root/ci/mutants.txt" > "$catalogue" <<'EOF'
 import json, sys
 blocks, cur = [], {}
 for n, line in enumerate(open(sys.argv[1], encoding="utf-8"), 1):
@@ -96,8 +98,8 @@ if [ -n "$check" ]; then
     file=$(field "$m" file)
     apply "$m" || status=1
     cp "$root/$file" "$tree/$file"
-  done < "$work/catalogue.jsonl"
-  [ "$status" -eq 0 ] && echo "mutants: every one of $(wc -l < "$work/catalogue.jsonl") applies"
+  done < "$catalogue"
+  [ "$status" -eq 0 ] && echo "mutants: every one of $(wc -l < "$catalogue") applies"
   exit "$status"
 fi
 
@@ -131,7 +133,7 @@ while IFS= read -r m; do
   fi
   cp "$root/$file" "$tree/$file"
   echo "[mutants] $id: $verdict ($((SECONDS - t0)) s)" >&2
-done < "$work/catalogue.jsonl"
+done < "$catalogue"
 
 scored=$((total - equiv))
 score=$(awk -v k="$killed" -v n="$scored" 'BEGIN { printf "%.1f", n ? 100 * k / n : 0 }')

@@ -13,12 +13,19 @@
 --   "pending" (own only, when the bucket is empty and a fallback exists): the user is marked in
 --   this bucket's buyers and a `pending:<user>` field records the attempt, so that the same user
 --   cannot also win from this bucket later while the fallback attempt is in flight.
--- op "resolve"  (the user's own bucket, after the fallback attempt)  ARGV: op, user, "keep"|"clear"
+-- op "resolve"  (the user's own bucket, after the fallback attempt)
+--               ARGV: op, user, "keep"|"clear", reservation id (the attempt's)
 --   "keep": the user won from the fallback; the buyer mark stays, the pending field goes.
 --   "clear": the fallback was empty too; mark and pending field both go.   -> {"resolved", n}
--- op "void"     (the fallback bucket, by the reconciler giving up a pending mark it saw no unit
---               of)  ARGV: op, user, reservation id
---   -> {"held"}: the user holds a unit of this bucket (won meanwhile): the mark must be kept
+--   Only while the pending field is this attempt's (n = 1; else nothing changes, n = 0): a late
+--   resolve — a process stalled past the reconciler's give-up, or a zombie across a recovery —
+--   must not clear the mark of the user's newer reservation.
+-- op "void"     (the fallback bucket, by the reconciler giving up an old pending mark)
+--               ARGV: op, user, reservation id
+--   -> {"open"}: the attempt's unit is open here, its publish in flight: its purchase resolves
+--      the mark (or, once the reconciler republished it and the ledger holds it, a later pass
+--      finds it "held"); nothing changes
+--    | {"held"}: the user holds a unit of this bucket (an order's): the mark must be kept
 --    | {"voided"}: the id is recorded in KEYS[5]; a fallback reserve of it that arrives later
 --      (queued behind a slow Redis past the reconciler's grace period) answers {"voided"} and
 --      takes nothing, so clearing the own bucket's mark cannot leave a unit without its mark.
@@ -33,19 +40,31 @@ if not user or not string.match(user, "^%d+$") then
 end
 
 if op == "resolve" then
-  local n = redis.call("HDEL", KEYS[3], "pending:" .. user)
-  if ARGV[3] == "clear" then
-    redis.call("SREM", KEYS[2], user)
-  elseif ARGV[3] ~= "keep" then
+  local attempt = ARGV[4]
+  if ARGV[3] ~= "keep" and ARGV[3] ~= "clear" then
     return redis.error_reply("ERR reserve: resolve wants keep or clear")
   end
-  return {"resolved", n}
+  if not attempt or not string.match(attempt, "^%x+$") then
+    return redis.error_reply("ERR reserve: reservation id must be hex")
+  end
+  local pending = redis.call("HGET", KEYS[3], "pending:" .. user)
+  if not pending or string.sub(pending, 1, #attempt + 1) ~= attempt .. "|" then
+    return {"resolved", 0}
+  end
+  redis.call("HDEL", KEYS[3], "pending:" .. user)
+  if ARGV[3] == "clear" then
+    redis.call("SREM", KEYS[2], user)
+  end
+  return {"resolved", 1}
 end
 
 if op == "void" then
   local rid = ARGV[3]
   if not rid or not string.match(rid, "^%x+$") then
     return redis.error_reply("ERR reserve: reservation id must be hex")
+  end
+  if redis.call("HEXISTS", KEYS[3], rid) == 1 then
+    return {"open"}
   end
   local holds = redis.call("SISMEMBER", KEYS[2], user) == 1
   if holds then

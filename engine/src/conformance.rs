@@ -12,9 +12,9 @@ use crate::domain::{
     Activity, ActivityId, ActivitySpec, BucketNo, Reservation, ReservationId, StockPlan, UserId,
 };
 use crate::ports::{
-    ApplyOutcome, BucketImage, CancelOutcome, Claim, GateWrite, Intent, JournalKind, Ledger, OrderBus,
-    OrderSource, OrderStatus, PayOutcome, Rebuilt, ReconcileView, ReleaseKind, ReserveOutcome, StockCache,
-    Transfer,
+    ApplyOutcome, BucketImage, CancelOutcome, Claim, GateWrite, GaveUp, Intent, JournalKind, Ledger,
+    OrderBus, OrderSource, OrderStatus, PayOutcome, Rebuilt, ReconcileView, ReleaseKind, ReserveOutcome,
+    StockCache, Transfer,
 };
 use std::future::Future;
 
@@ -214,7 +214,7 @@ where
             "a fallback win keeps its pending mark: {pending:?}"
         );
         assert_eq!((pending[0].user, pending[0].reservation), (users[8], f1.id));
-        c.resolve_pending(&plan, users[8], true).await.unwrap();
+        c.resolve_pending(&plan, users[8], f1.id, true).await.unwrap();
         assert!(
             c.holds(&plan, users[8]).await.unwrap(),
             "kept: the user holds a unit"
@@ -226,7 +226,7 @@ where
             .await
             .unwrap()
             .is_released());
-        c.resolve_pending(&plan, users[9], false).await.unwrap();
+        c.resolve_pending(&plan, users[9], f2.id, false).await.unwrap();
         assert!(
             !c.holds(&plan, users[9]).await.unwrap(),
             "no lockout after an unpublished fallback win"
@@ -235,7 +235,13 @@ where
             reserve(&c, &plan, users[9], 19).await,
             "the user retries and wins",
         );
-        c.resolve_pending(&plan, users[9], true).await.unwrap();
+        // A late resolve of the first attempt (its process stalled) leaves the new mark alone.
+        c.resolve_pending(&plan, users[9], f2.id, false).await.unwrap();
+        assert!(
+            c.holds(&plan, users[9]).await.unwrap(),
+            "a late clear of an old attempt"
+        );
+        c.resolve_pending(&plan, users[9], rid(19), true).await.unwrap();
         assert_eq!(
             reserve(&c, &plan, users[10], 10).await,
             ReserveOutcome::Empty,
@@ -247,10 +253,20 @@ where
         );
         // The reconciler gives up old pending marks: a fallback winner's is kept; an attempt
         // with no unit is voided, and its fallback reserve arriving late takes nothing.
-        assert!(c.give_up_pending(&plan, users[8], f1.id).await.unwrap(), "kept");
+        assert_eq!(
+            c.give_up_pending(&plan, users[8], f1.id).await.unwrap(),
+            GaveUp::InFlight,
+            "its unit is open: left to its purchase"
+        );
+        assert_eq!(
+            c.give_up_pending(&plan, users[8], rid(30)).await.unwrap(),
+            GaveUp::Kept,
+            "the user holds a fallback unit"
+        );
         assert!(c.holds(&plan, users[8]).await.unwrap(), "still marked");
-        assert!(
-            !c.give_up_pending(&plan, users[11], rid(11)).await.unwrap(),
+        assert_eq!(
+            c.give_up_pending(&plan, users[11], rid(11)).await.unwrap(),
+            GaveUp::Cleared,
             "voided"
         );
         let late = c.reserve(&plan, users[11], 1, rid(11), 1_011).await;
@@ -258,8 +274,9 @@ where
             matches!(&late, Err(e) if e.to_string().contains("gave it up")),
             "a voided attempt's late reserve is refused: {late:?}"
         );
-        assert!(
-            !c.give_up_pending(&plan, users[11], rid(11)).await.unwrap(),
+        assert_eq!(
+            c.give_up_pending(&plan, users[11], rid(11)).await.unwrap(),
+            GaveUp::Cleared,
             "voided again"
         );
         assert!(!c.holds(&plan, users[11]).await.unwrap(), "and its mark cleared");

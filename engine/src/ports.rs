@@ -84,6 +84,17 @@ pub enum ReleaseKind {
     Cancelled,
 }
 
+/// What giving up an old pending-fallback mark did (`StockCache::give_up_pending`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GaveUp {
+    /// The user holds a fallback unit: the mark stays (the pending field goes).
+    Kept,
+    /// Voided and cleared: the user may try again.
+    Cleared,
+    /// The attempt's unit is still open: left to its purchase (or a later pass).
+    InFlight,
+}
+
 /// What a release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
@@ -329,24 +340,27 @@ pub trait StockCache: Clone + Send + Sync + 'static {
     /// The Redis server's run id now: it changes whenever Redis restarts.
     fn epoch(&self) -> impl Future<Output = PortResult<String>> + Send;
 
-    /// Settle a pending-fallback mark: `keep` the user's mark (it holds a fallback unit) or clear it.
+    /// Settle the pending-fallback mark of `attempt`: `keep` the user's mark (it holds a fallback
+    /// unit) or clear it. A mark that is not this attempt's (another attempt's, or none) is left
+    /// alone: a late resolve must not clear a newer reservation's mark.
     fn resolve_pending(
         &self,
         plan: &StockPlan,
         user: UserId,
+        attempt: ReservationId,
         keep: bool,
     ) -> impl Future<Output = PortResult<()>> + Send;
 
-    /// Give up a pending-fallback attempt nobody resolved (the reconciler, once the mark is old
-    /// and no unit of the attempt is seen): its id is voided in the fallback bucket first — a
-    /// fallback reserve of it arriving later takes nothing — then the mark is cleared; if the
-    /// user holds a fallback unit by then, the mark is kept instead. `Ok(true)`: kept.
+    /// Give up a pending-fallback attempt nobody resolved (the reconciler, once the mark is old):
+    /// decided in the fallback bucket, atomically — the attempt's unit still open there is left
+    /// to its purchase; a user holding a unit there keeps the mark; else the attempt's id is
+    /// voided (a fallback reserve of it arriving later takes nothing) and the mark cleared.
     fn give_up_pending(
         &self,
         plan: &StockPlan,
         user: UserId,
         attempt: ReservationId,
-    ) -> impl Future<Output = PortResult<bool>> + Send;
+    ) -> impl Future<Output = PortResult<GaveUp>> + Send;
 
     /// Take `t.units` from `t.from` for a transfer (idempotent by id). `Ok(false)`: not enough stock.
     fn take(&self, plan: &StockPlan, t: &Transfer) -> impl Future<Output = PortResult<bool>> + Send;

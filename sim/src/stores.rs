@@ -177,8 +177,20 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                         let at = f.elapsed();
                         s.adopted_at.lock().expect("adopted").insert(rid.clone(), at);
                     }
-                    // A fallback reserve that reached Redis after the reconciler gave it up.
-                    Some(Reply::Bulk(tag)) if tag == b"voided" => f.cover("late_fallback_voided"),
+                    // A fallback reserve that reached Redis after the reconciler gave it up
+                    // (and, apart, one the void kept from a unit it would have taken).
+                    Some(Reply::Bulk(tag)) if tag == b"voided" => {
+                        f.cover("late_fallback_voided");
+                        let stock = req
+                            .keys
+                            .first()
+                            .and_then(|k| s.model.read(|ks| ks.get(k.as_bytes()).cloned()));
+                        if let Some(seckill_engine::adapters::embedded::Value::Str(v)) = stock {
+                            if std::str::from_utf8(&v).ok().and_then(|v| v.parse::<i64>().ok()) > Some(0) {
+                                f.cover("late_fallback_void_kept_unit");
+                            }
+                        }
+                    }
                     _ => {}
                 }
             }

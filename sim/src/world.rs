@@ -591,6 +591,8 @@ struct History {
     /// Whose each queued reservation is, and when its client heard "queued".
     queued_users: BTreeMap<String, UserId>,
     queued_at: BTreeMap<String, Duration>,
+    /// When the request that got each "queued" answer was sent.
+    queued_sent_at: BTreeMap<String, Duration>,
     confirmed: Vec<String>,
     outcomes: BTreeMap<String, u64>,
 }
@@ -1090,6 +1092,9 @@ impl World {
     /// acknowledged after the recovery that bumped the generation claimed the activity (before
     /// the claim, the recovery waits the publish out and drains it). A client told "queued"
     /// before that claim whose order was refused lost its unit to a recovery that did not wait.
+    /// And a request sent after the last bump before the refusal was reserved under the current
+    /// generation (the gates stay closed from the claim until a reopen writes it: S6), so its
+    /// refusal means it was stamped with another generation than its gate's.
     fn l1_no_early_stale_orders(&self) -> Vec<inv::Violation> {
         let stale = self.ledger_log.stale.lock().expect("ledger log").clone();
         let bumps = self.ledger_log.bumps.lock().expect("ledger log").clone();
@@ -1103,6 +1108,20 @@ impl World {
             let Some(bump) = bumps.iter().rev().find(|b| **b <= refused_at) else {
                 continue;
             };
+            if let Some(sent) = history.queued_sent_at.get(&rid.to_string()).filter(|s| *s > bump) {
+                out.push(inv::Violation {
+                    invariant: inv::Invariant::L1QueuedResolved,
+                    bucket: None,
+                    detail: format!(
+                        "reservation {rid} was requested at {} ms, after the generation bump at {} ms, \
+                         yet refused for its generation at {} ms: it was stamped with an older one",
+                        sent.as_millis(),
+                        bump.as_millis(),
+                        refused_at.as_millis()
+                    ),
+                });
+                continue;
+            }
             let Some((claimed, fence)) = claims.iter().rev().find(|(c, _)| c <= bump) else {
                 continue;
             };
@@ -1221,6 +1240,8 @@ impl World {
                     Verdict::Safety,
                 );
             }
+            let mut h = self.history.lock().expect("history");
+            h.queued_sent_at.insert(r.id.to_string(), sent);
         }
         answer
     }

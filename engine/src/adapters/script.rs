@@ -8,8 +8,9 @@
 
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
-    BucketImage, CacheBucket, CacheView, Claim, Gate, GateWrite, Intent, MetaView, PendingMark, PortError,
-    PortResult, Rebuilt, ReleaseKind, Released, ReserveOutcome, StockCache, Transfer, WarmupReport,
+    BucketImage, CacheBucket, CacheView, Claim, Gate, GateWrite, GaveUp, Intent, MetaView, PendingMark,
+    PortError, PortResult, Rebuilt, ReleaseKind, Released, ReserveOutcome, StockCache, Transfer,
+    WarmupReport,
 };
 use std::future::Future;
 use std::sync::OnceLock;
@@ -604,7 +605,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             Ok(step) => step,
             Err(e) if e.is_indeterminate() => return Err(e),
             Err(e) => {
-                let _ = StockCache::resolve_pending(self, plan, user, false).await;
+                let _ = StockCache::resolve_pending(self, plan, user, id, false).await;
                 return Err(e);
             }
         };
@@ -623,7 +624,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             Step::Gated(state) => (false, ReserveOutcome::Gated(state)),
             Step::Empty | Step::Pending => (false, ReserveOutcome::Empty),
         };
-        let _ = StockCache::resolve_pending(self, plan, user, keep).await;
+        let _ = StockCache::resolve_pending(self, plan, user, id, keep).await;
         Ok(result)
     }
 
@@ -827,13 +828,20 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         self.conn.run_id().await
     }
 
-    async fn resolve_pending(&self, plan: &StockPlan, user: UserId, keep: bool) -> PortResult<()> {
+    async fn resolve_pending(
+        &self,
+        plan: &StockPlan,
+        user: UserId,
+        attempt: ReservationId,
+        keep: bool,
+    ) -> PortResult<()> {
         let (a, own) = (plan.activity, plan.route(user));
         let keys = vec![stock_key(a, own), buyers_key(a, own), resv_key(a, own)];
         let args = vec![
             "resolve".into(),
             user.to_string(),
             if keep { "keep" } else { "clear" }.into(),
+            attempt.to_string(),
         ];
         let reply = self.run("resolve pending", Script::Reserve, keys, args).await?;
         match tagged("resolve pending", &reply)? {
@@ -847,7 +855,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         plan: &StockPlan,
         user: UserId,
         attempt: ReservationId,
-    ) -> PortResult<bool> {
+    ) -> PortResult<GaveUp> {
         let fallback = plan.fallback_bucket();
         let args = vec!["void".into(), user.to_string(), attempt.to_string()];
         let keys = reserve_keys(plan.activity, fallback);
@@ -855,12 +863,13 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             .run("void fallback attempt", Script::Reserve, keys, args)
             .await?;
         let kept = match tagged("void fallback attempt", &reply)? {
+            ("open", []) => return Ok(GaveUp::InFlight),
             ("held", []) => true,
             ("voided", []) => false,
             _ => return Err(bad_reply("void fallback attempt", &reply)),
         };
-        StockCache::resolve_pending(self, plan, user, kept).await?;
-        Ok(kept)
+        StockCache::resolve_pending(self, plan, user, attempt, kept).await?;
+        Ok(if kept { GaveUp::Kept } else { GaveUp::Cleared })
     }
 
     async fn take(&self, plan: &StockPlan, t: &Transfer) -> PortResult<bool> {

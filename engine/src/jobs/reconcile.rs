@@ -4,9 +4,9 @@
 //! - an open reservation the ledger lacks, older than the grace period → republish it (the
 //!   ledger dedupes by reservation id, so a republish of something in flight is harmless);
 //! - a pending-fallback mark older than the grace period → give its attempt up: in one script on
-//!   the fallback bucket, keep the mark if the user holds a unit there (open, or an order's),
-//!   else void the attempt's id (a reserve of it still queued in Redis then takes nothing) and
-//!   clear the mark;
+//!   the fallback bucket, leave it to its purchase if the attempt's unit is still open there,
+//!   keep the mark if the user holds a unit there (an order's), else void the attempt's id (a
+//!   reserve of it still queued in Redis then takes nothing) and clear the mark;
 //! - a cancelled order whose units are not back in Redis → release it (idempotent);
 //! - a transfer taken but not acknowledged → finish it (ledger transfer, give, ack; idempotent);
 //! - what remains of `redis stock + open + sold − transfers in + out − initial` after the above is
@@ -16,7 +16,7 @@
 //! a recovery is under way (a claim, a recovering gate): that is the recovery job's.
 
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
-use crate::ports::{CacheBucket, Ledger, OrderBus, PortResult, ReleaseKind, StockCache, Transfer};
+use crate::ports::{CacheBucket, GaveUp, Ledger, OrderBus, PortResult, ReleaseKind, StockCache, Transfer};
 use futures::StreamExt;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -33,12 +33,11 @@ const ACTIONS_IN_FLIGHT: usize = 32;
 enum Action {
     Settle(Reservation),
     Republish(Reservation),
-    /// An old pending-fallback mark: give its attempt up — kept if the user holds a fallback
-    /// unit (`kept`, known once done), else voided and cleared.
+    /// An old pending-fallback mark: give its attempt up (`outcome`, known once done).
     GiveUp {
         user: UserId,
         attempt: ReservationId,
-        kept: bool,
+        outcome: Option<GaveUp>,
     },
     Finish(Transfer),
     ReleaseCancelled(Reservation),
@@ -257,7 +256,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             actions.push(Action::GiveUp {
                 user: p.user,
                 attempt: p.reservation,
-                kept: false,
+                outcome: None,
             });
         }
         actions.extend(b.transfers_in_flight.iter().cloned().map(Action::Finish));
@@ -301,12 +300,14 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                     Ok(true) => bus.publish(r).await.map(|()| true),
                     other => other,
                 },
-                Action::GiveUp { user, attempt, kept } => {
-                    cache.give_up_pending(plan, *user, *attempt).await.map(|k| {
-                        *kept = k;
-                        true
-                    })
-                }
+                Action::GiveUp {
+                    user,
+                    attempt,
+                    outcome,
+                } => cache.give_up_pending(plan, *user, *attempt).await.map(|o| {
+                    *outcome = Some(o);
+                    o != GaveUp::InFlight
+                }),
                 Action::Finish(t) => super::rebalance::finish(cache, ledger, plan, t)
                     .await
                     .map(|()| true),
@@ -322,8 +323,11 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         let count = match action {
             Action::Settle(_) => &mut report.settled,
             Action::Republish(_) => &mut report.republished,
-            Action::GiveUp { kept: true, .. } => &mut report.pending_kept,
-            Action::GiveUp { kept: false, .. } => &mut report.pending_cleared,
+            Action::GiveUp {
+                outcome: Some(GaveUp::Kept),
+                ..
+            } => &mut report.pending_kept,
+            Action::GiveUp { .. } => &mut report.pending_cleared,
             Action::Finish(_) => &mut report.transfers_finished,
             Action::ReleaseCancelled(_) => &mut report.cancels_released,
         };

@@ -343,14 +343,18 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         // (it wakes up as a zombie and publishes a reservation a recovery may have dropped).
         #[cfg(madsim)]
         crate::planted::stall(20, std::time::Duration::from_millis(4_000)).await;
-        let from_fallback = reservation.bucket != own;
+        let (from_fallback, attempt) = (reservation.bucket != own, reservation.id);
         let (answer, pending) = self.publish(&local.plan, reservation).await;
         // A unit won from the fallback left the own bucket's pending mark in place until the
         // publish's outcome was known: keep the mark if the order may exist, clear it if the
         // units certainly went back. Left alone (or after a crash before this line), the
         // reconciler resolves it.
         if let (true, Some(keep)) = (from_fallback, pending) {
-            let _ = self.inner.cache.resolve_pending(&local.plan, user, keep).await;
+            let _ = self
+                .inner
+                .cache
+                .resolve_pending(&local.plan, user, attempt, keep)
+                .await;
         }
         Ok(answer)
     }

@@ -122,9 +122,16 @@ enum CacheOp {
     Holds {
         user: u64,
     },
+    /// Resolve the pending mark of the attempt made `back` ops ago (its id; maybe not the
+    /// user's, maybe not pending).
     ResolvePending {
         user: u64,
         keep: bool,
+        back: usize,
+    },
+    GiveUpPending {
+        user: u64,
+        back: usize,
     },
     SetGates {
         state: u8,
@@ -180,7 +187,8 @@ fn cache_op() -> impl Strategy<Value = CacheOp> {
         3 => (any::<usize>(), 0u8..3).prop_map(|(nth, kind)| CacheOp::Release { nth, kind }),
         3 => any::<usize>().prop_map(|nth| CacheOp::Settle { nth }),
         1 => (1u64..=14).prop_map(|user| CacheOp::Holds { user }),
-        2 => (1u64..=14, any::<bool>()).prop_map(|(user, keep)| CacheOp::ResolvePending { user, keep }),
+        2 => (1u64..=14, any::<bool>(), 0usize..4).prop_map(|(user, keep, back)| CacheOp::ResolvePending { user, keep, back }),
+        1 => (1u64..=14, 0usize..4).prop_map(|(user, back)| CacheOp::GiveUpPending { user, back }),
         1 => (0u8..3, 0u64..4).prop_map(|(state, version)| CacheOp::SetGates { state, version }),
         1 => (0u8..2).prop_map(|fence| CacheOp::CloseGates { fence }),
         1 => (0u32..4, 0u8..2, 0u64..4).prop_map(|(bucket, fence, version)| CacheOp::Reopen { bucket, fence, version }),
@@ -241,8 +249,13 @@ async fn run_cache_ops<C: ScriptConn>(
             }
             CacheOp::Release { .. } | CacheOp::Settle { .. } => "no reservation yet".into(),
             CacheOp::Holds { user } => outcome(&cache.holds(plan, UserId(*user)).await),
-            CacheOp::ResolvePending { user, keep } => {
-                outcome(&cache.resolve_pending(plan, UserId(*user), *keep).await)
+            CacheOp::ResolvePending { user, keep, back } => {
+                let attempt = ReservationId(i.saturating_sub(*back) as u128 + 1);
+                outcome(&cache.resolve_pending(plan, UserId(*user), attempt, *keep).await)
+            }
+            CacheOp::GiveUpPending { user, back } => {
+                let attempt = ReservationId(i.saturating_sub(*back) as u128 + 1);
+                outcome(&cache.give_up_pending(plan, UserId(*user), attempt).await)
             }
             CacheOp::SetGates { state, version } => {
                 let state =
