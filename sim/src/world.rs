@@ -855,12 +855,14 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     // settles, between a transfer's take and give, between a release and its answer): always in
     // the scenarios about zombies, on every other seed of the others (a stream of the seed's
     // own, so a seed replays them), never in the calm one nor in the skewed one (whose L2 check
-    // holds the rebalancer to selling the cold buckets' units while demand lasts).
-    let stalls = match cfg.scenario {
-        Scenario::Calm | Scenario::Skewed => false,
-        Scenario::CompetingRecoveries | Scenario::FullLossRestart => true,
-        _ => rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x57a11).gen_bool(0.5),
-    };
+    // holds the rebalancer to selling the cold buckets' units while demand lasts), and never
+    // without the jobs (what a stalled process leaves behind is the reconciler's to finish).
+    let stalls = cfg.jobs
+        && match cfg.scenario {
+            Scenario::Calm | Scenario::Skewed => false,
+            Scenario::CompetingRecoveries | Scenario::FullLossRestart => true,
+            _ => rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x57a11).gen_bool(0.5),
+        };
     planted::enable_stalls(stalls.then_some(cfg.seed ^ 0x57a11));
     let handle = Handle::current();
     let faults = Arc::new(Faults::new());
@@ -2036,6 +2038,10 @@ impl World {
         for o in &db.orders {
             if o.reservation.bucket == fallback && o.status != OrderStatus::Failed {
                 self.faults.cover("fallback_won");
+            }
+            // Sold under a generation a recovery bumped: the sale went on after a recovery.
+            if o.reservation.generation > 0 && o.status != OrderStatus::Failed {
+                self.faults.cover("sold_after_recovery");
             }
         }
         let history = self.history.lock().expect("history");
