@@ -535,7 +535,6 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
         20,
     ),
     ("pending_mark_resolved", &[Scenario::Rebalancing], 20),
-    ("late_fallback_voided", &[Scenario::Rebalancing], 20),
     (
         "transfer_finished_by_reconciler",
         &[Scenario::Rebalancing, Scenario::Skewed],
