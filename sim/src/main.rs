@@ -149,10 +149,12 @@ mod app {
             for v in &r.violations {
                 let _ = writeln!(out, "violated: {v}");
             }
-            let _ = writeln!(out, "last events:");
-            for e in &r.trace {
-                let _ = writeln!(out, "  {e}");
-            }
+        }
+        let _ = writeln!(out, "last events:");
+        for e in &r.trace {
+            let _ = writeln!(out, "  {e}");
+        }
+        if r.verdict != Verdict::Ok {
             let _ = writeln!(out, "replay: {}", cfg.replay_command());
         }
         out

@@ -270,6 +270,8 @@ impl ScriptConn for SimRedis {
 pub struct LedgerLog {
     pub stale: Mutex<Vec<(Duration, ReservationId)>>,
     pub bumps: Mutex<Vec<Duration>>,
+    /// Registry writes of an open intent (a resume): when, and the intent's version.
+    pub opens: Mutex<Vec<(Duration, u64)>>,
 }
 
 pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<LedgerLog>) {
@@ -363,10 +365,21 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
         let l = l.clone();
         async move { l.registered().await }
     });
-    let l = ledger.clone();
+    let (l, f, g) = (ledger.clone(), faults.clone(), log.clone());
     rpc::serve(&ep, move |req: rpc::SetIntent| {
-        let l = l.clone();
-        async move { l.set_intent(req.id, req.state).await }
+        let (l, f, log) = (l.clone(), f.clone(), g.clone());
+        async move {
+            let out = l.set_intent(req.id, req.state).await;
+            if let Ok(Some(i)) = &out {
+                if i.state == ActivityState::Open {
+                    log.opens
+                        .lock()
+                        .expect("ledger log")
+                        .push((f.elapsed(), i.version));
+                }
+            }
+            out
+        }
     });
     let l = ledger.clone();
     let (f, g) = (faults.clone(), log.clone());

@@ -70,7 +70,8 @@ pub enum Scenario {
     Skewed,
     /// The operator at work: pause, resume and close through random API nodes while API and
     /// jobs nodes crash and Redis loses everything (so recoveries run during pauses). S5: after
-    /// a pause or close returned, no request is answered "queued" until a resume is issued.
+    /// a pause or close returned, no request is answered "queued" until the registry holds a
+    /// newer resume.
     Operator,
     /// Redis loses everything, every API node restarts (half the time the job runners are down
     /// until it is done), and the operator calls warmup through one of them — the sequence the
@@ -111,6 +112,9 @@ pub enum Fault {
     PacketLoss,
     /// The operator pauses (or closes) through one API node, and later resumes through another.
     OperatorPause,
+    /// The operator sees a recovery under way and pauses (or closes) the sale, resuming later:
+    /// the recovery's reopen must leave that pause standing.
+    PauseInRecovery,
     /// Redis restarts empty, every API node restarts, the operator warms the activity up.
     FullLossRestart,
     /// An API node stops (SIGSTOP-like) past the delivery timeout, then goes on where it was.
@@ -238,6 +242,7 @@ impl Scenario {
                 Fault::OperatorPause,
                 Fault::OperatorPause,
                 Fault::OperatorPause,
+                Fault::PauseInRecovery,
                 Fault::EngineCrash,
                 Fault::JobsCrash,
                 Fault::RedisRestartVolatile,
@@ -542,6 +547,11 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
     ),
     ("recovered", &[Scenario::RedisLoss, Scenario::FullLossRestart], 20),
     ("recovery_contended", &[Scenario::CompetingRecoveries], 20),
+    (
+        "sold_after_recovery",
+        &[Scenario::RedisLoss, Scenario::FullLossRestart],
+        20,
+    ),
     ("recovery_under_load", &[Scenario::Operator, Scenario::Chaos], 20),
     ("stale_generation_refused", &[Scenario::CompetingRecoveries], 20),
     ("duplicate_buyer_refused", &[Scenario::RedisLoss], 20),
@@ -710,8 +720,8 @@ struct World {
     consumers: Vec<NodeHandle>,
     /// The operator's console: the node its admin calls leave from.
     operator: NodeHandle,
-    /// When pauses (or closes) returned, and when the resume after each was issued.
-    pauses: Mutex<Vec<(Duration, Option<Duration>)>>,
+    /// When pauses (or closes) returned, and their intents' versions.
+    pauses: Mutex<Vec<(Duration, u64)>>,
     ledger_log: Arc<LedgerLog>,
     /// Faults that run beside the nemesis (pauses): stopped with the world.
     background: Mutex<Vec<madsim::task::JoinHandle<()>>>,
@@ -719,6 +729,8 @@ struct World {
     schedule: Mutex<Vec<Scheduled>>,
     /// Recovery claims as the checker first saw them in the meta (at most `CHECK_EVERY` late).
     claims: Mutex<Vec<(Duration, String)>>,
+    /// Each gate's version when the checker last looked, since the Redis restart it notes.
+    gate_versions: Mutex<(Option<Duration>, BTreeMap<u32, u64>)>,
     violated: Mutex<Option<Violated>>,
 }
 
@@ -770,6 +782,38 @@ fn workload(cfg: &SimConfig) -> Vec<UserId> {
     }
     rand::seq::SliceRandom::shuffle(clicks.as_mut_slice(), &mut rng);
     clicks
+}
+
+/// A wave of buyers: who clicks, over how long, from which client nodes.
+struct Wave {
+    name: &'static str,
+    /// The clients' addresses are `{net}.1`, `{net}.2`, …
+    net: &'static str,
+    window_ms: u64,
+    clicks: Vec<UserId>,
+}
+
+impl Wave {
+    /// The sale: the seed's workload over the sale's length.
+    fn first(cfg: &SimConfig) -> Self {
+        Wave {
+            name: "client",
+            net: "10.0.3",
+            window_ms: cfg.sale_ms,
+            clicks: workload(cfg),
+        }
+    }
+
+    /// Buyers after a recovery: a fifth as many new users (ids the workload never draws), one
+    /// click each, over half the sale's length.
+    fn late(cfg: &SimConfig) -> Self {
+        Wave {
+            name: "late-client",
+            net: "10.0.6",
+            window_ms: cfg.sale_ms / 2,
+            clicks: (0..cfg.users / 5).map(|i| UserId(3_000_000_000 + i)).collect(),
+        }
+    }
 }
 
 /// Run one seed in its own runtime. Panics (a crash of the world) propagate to the caller.
@@ -969,6 +1013,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         background: Mutex::default(),
         schedule: Mutex::default(),
         claims: Mutex::default(),
+        gate_versions: Mutex::default(),
         violated: Mutex::new(None),
     });
     faults.event(format!(
@@ -977,18 +1022,26 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     ));
 
     // Sale under faults, watched continuously.
-    let mut clients = w.spawn_clients();
+    let mut clients = w.spawn_clients(&Wave::first(&cfg));
     let nemesis = tokio::spawn(w.clone().nemesis());
     let checker = tokio::spawn(w.clone().check_continuously());
-    for (_, c) in &mut clients {
-        let _ = c.await;
-        if w.violated() {
-            break;
-        }
-    }
+    w.wait_for(&mut clients).await;
     nemesis.abort();
     w.heal().await;
-    let drained = if w.violated() { true } else { w.settle().await };
+    let mut drained = if w.violated() { true } else { w.settle().await };
+    // A second wave of buyers once a recovery is behind the sale (settled: the activity open on
+    // the recovery's epoch), for the units the payment timeout gave back: selling under a
+    // generation a recovery bumped is otherwise never tried, the recoveries of a run finishing
+    // after its clients stopped.
+    if drained && !w.violated() && !w.ledger_log.bumps.lock().expect("ledger log").is_empty() {
+        w.faults.event("late wave: buyers after the recovery".into());
+        let mut late = w.spawn_clients(&Wave::late(&cfg));
+        w.wait_for(&mut late).await;
+        clients.extend(late);
+        if !w.violated() {
+            drained = w.settle().await;
+        }
+    }
     checker.abort();
     w.final_checks(drained).await;
     let report = w.report().await;
@@ -1038,6 +1091,7 @@ impl World {
             self.record(self.safety(&snap), Verdict::Safety);
             self.record(self.god.generation_fenced().await, Verdict::Safety);
             self.record(self.transfers_acked(), Verdict::Safety);
+            self.record(self.gates_move_forward(), Verdict::Safety);
             self.watch_claims();
         }
     }
@@ -1072,17 +1126,77 @@ impl World {
             .collect()
     }
 
-    /// Note a recovery claim the first time the meta shows it (read raw).
-    fn watch_claims(&self) {
+    /// S5's ground: a gate's intent version never goes back while Redis lives (read raw). The
+    /// gates enforce the operator's latest intent only because an older write — a call that was
+    /// overtaken, a recovery's reopen with the intent it read before a pause — never overrides a
+    /// newer one; a version going back is a newer intent undone (a pause lifted, a resume lost).
+    /// A restart may bring back an older gate (its write was past the AOF window): the recovery
+    /// reopens it to the registry's intent, and the look starts over.
+    fn gates_move_forward(&self) -> Vec<inv::Violation> {
+        use seckill_engine::adapters::embedded::Value;
+        use seckill_engine::adapters::script::gate_key;
+        let restarted = *self.redis.restarted_at.lock().expect("restarted");
+        let now: BTreeMap<u32, u64> = self.redis.model.read(|ks| {
+            self.god
+                .plan
+                .all_buckets()
+                .filter_map(|b| match ks.get(gate_key(ACTIVITY, b).as_bytes()) {
+                    Some(Value::Str(v)) => String::from_utf8_lossy(v)
+                        .split('|')
+                        .nth(2)
+                        .and_then(|v| v.parse().ok())
+                        .map(|v| (b.0, v)),
+                    _ => None,
+                })
+                .collect()
+        });
+        let mut seen = self.gate_versions.lock().expect("gate versions");
+        if seen.0 != restarted {
+            *seen = (restarted, BTreeMap::new());
+        }
+        let mut out = Vec::new();
+        for (b, v) in now {
+            match seen.1.insert(b, v) {
+                Some(before) if before > v => out.push(inv::Violation {
+                    invariant: inv::Invariant::S5PauseHolds,
+                    bucket: Some(b),
+                    detail: format!(
+                        "the gate's intent went from version {before} back to {v}: an older intent \
+                         overrode a newer one"
+                    ),
+                }),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The recovery claim the meta holds now (read raw).
+    fn raw_claim(&self) -> Option<String> {
         use seckill_engine::adapters::embedded::Value;
         let key = seckill_engine::adapters::script::meta_key(ACTIVITY);
-        let claim = self.redis.model.read(|ks| match ks.get(key.as_bytes()) {
+        self.redis.model.read(|ks| match ks.get(key.as_bytes()) {
             Some(Value::Hash(h)) => h
                 .get(b"claim".as_slice())
                 .map(|c| String::from_utf8_lossy(c).into_owned()),
             _ => None,
-        });
-        let Some(claim) = claim else { return };
+        })
+    }
+
+    /// Every bucket has a stock key (read raw).
+    fn stock_keys_present(&self) -> bool {
+        use seckill_engine::adapters::script::stock_key;
+        self.redis.model.read(|ks| {
+            self.god
+                .plan
+                .all_buckets()
+                .all(|b| ks.get(stock_key(ACTIVITY, b).as_bytes()).is_some())
+        })
+    }
+
+    /// Note a recovery claim the first time the meta shows it.
+    fn watch_claims(&self) {
+        let Some(claim) = self.raw_claim() else { return };
         let mut claims = self.claims.lock().expect("claims");
         if claims.last().is_none_or(|(_, c)| *c != claim) {
             claims.push((self.faults.elapsed(), claim));
@@ -1143,48 +1257,52 @@ impl World {
         out
     }
 
-    fn spawn_clients(self: &Arc<Self>) -> Vec<(NodeHandle, madsim::task::JoinHandle<()>)> {
-        let clicks = workload(&self.cfg);
+    fn spawn_clients(self: &Arc<Self>, wave: &Wave) -> Vec<(NodeHandle, madsim::task::JoinHandle<()>)> {
         let n = self.cfg.clients;
         self.faults.clients_start(n);
         (0..n)
             .map(|c| {
-                let mine: Vec<UserId> = clicks.iter().skip(c).step_by(n).copied().collect();
+                let mine: Vec<UserId> = wave.clicks.iter().skip(c).step_by(n).copied().collect();
+                let addr: SocketAddr = format!("{}.{}:7000", wave.net, c + 1)
+                    .parse()
+                    .expect("client address");
                 let node = self
                     .handle
                     .create_node()
-                    .name(format!("client-{c}"))
-                    .ip(ip(&format!("10.0.3.{}", c + 1)))
+                    .name(format!("{}-{c}", wave.name))
+                    .ip(addr.ip())
                     .build();
-                let w = self.clone();
-                let task = node.spawn(async move { w.client(c, mine).await });
+                let (w, window_ms, name) = (self.clone(), wave.window_ms, format!("{}-{c}", wave.name));
+                let task = node.spawn(async move { w.client(name, addr, window_ms, mine).await });
                 (node, task)
             })
             .collect()
     }
 
-    /// One client node: each of its clicks is a user acting at a random moment of the sale,
-    /// concurrently with the others, against a random engine; a queued order is checked on (and
-    /// mostly paid) a little later.
-    async fn client(self: Arc<Self>, index: usize, clicks: Vec<UserId>) {
-        let ep = Arc::new(
-            Endpoint::bind(
-                format!("10.0.3.{}:7000", index + 1)
-                    .parse::<SocketAddr>()
-                    .expect("client address"),
-            )
-            .await
-            .expect("bind client"),
-        );
+    /// Wait for a wave's clients (not past a violation: the run stops there).
+    async fn wait_for(&self, clients: &mut [(NodeHandle, madsim::task::JoinHandle<()>)]) {
+        for (_, c) in clients {
+            let _ = c.await;
+            if self.violated() {
+                break;
+            }
+        }
+    }
+
+    /// One client node: each of its clicks is a user acting at a random moment of the wave's
+    /// window, concurrently with the others, against a random engine; a queued order is checked
+    /// on (and mostly paid) a little later.
+    async fn client(self: Arc<Self>, name: String, addr: SocketAddr, window_ms: u64, clicks: Vec<UserId>) {
+        let ep = Arc::new(Endpoint::bind(addr).await.expect("bind client"));
         let start = tokio::time::Instant::now();
         let users: Vec<_> = clicks
             .into_iter()
             .map(|user| {
-                // A third of the clicks come in the opening burst, the rest spread over the sale.
+                // A third of the clicks come in the opening burst, the rest spread over the wave.
                 let window = if thread_rng().gen_bool(0.3) {
-                    self.cfg.sale_ms / 10
+                    window_ms / 10
                 } else {
-                    self.cfg.sale_ms
+                    window_ms
                 };
                 let at = start + Duration::from_millis(thread_rng().gen_range(0..window.max(1)));
                 let engine = engine_addr(thread_rng().gen_range(0..self.cfg.engines));
@@ -1201,11 +1319,11 @@ impl World {
             let _ = u.await;
         }
         self.faults.client_done();
-        self.faults.event(format!("client-{index} done"));
+        self.faults.event(format!("{name} done"));
     }
 
     /// One purchase request, held to S5: queued although sent after a pause returned and
-    /// answered before the resume was issued is a violation.
+    /// answered before the registry held a newer resume is a violation.
     async fn purchase(
         &self,
         ep: &Endpoint,
@@ -1217,22 +1335,28 @@ impl World {
             .call_timeout(engine, rpc::Purchase { user }, Duration::from_secs(1))
             .await;
         if let Ok(Ok(PurchaseOutcome::Queued(r))) = &answer {
+            // A pause is lifted once the registry holds a newer open intent (a resume's
+            // registry write precedes its gates'): ground truth, whatever order concurrent
+            // operator calls returned in.
             let got = self.faults.elapsed();
+            let opens = self.ledger_log.opens.lock().expect("ledger log").clone();
             let held = self
                 .pauses
                 .lock()
                 .expect("pauses")
                 .iter()
                 .copied()
-                .find(|(paused, resumed)| *paused <= sent && resumed.is_none_or(|resumed| got <= resumed));
-            if let Some((paused, _)) = held {
+                .find(|(paused, version)| {
+                    *paused <= sent && !opens.iter().any(|(at, open)| open > version && *at <= got)
+                });
+            if let Some((paused, version)) = held {
                 self.record(
                     vec![inv::Violation {
                         invariant: inv::Invariant::S5PauseHolds,
                         bucket: Some(r.bucket.0),
                         detail: format!(
                             "user {user} was queued ({}) for a request sent at {} ms, after the pause \
-                             that returned at {} ms",
+                             (version {version}) that returned at {} ms and before any resume",
                             r.id,
                             sent.as_millis(),
                             paused.as_millis()
@@ -1431,7 +1555,7 @@ impl World {
             Scenario::Operator => vec![
                 (0, Fault::OperatorPause, ms(30..300)),
                 (0, Fault::RedisRestartVolatile, 0),
-                (0, Fault::OperatorPause, ms(500..1_000)),
+                (0, Fault::PauseInRecovery, ms(500..1_000)),
             ],
             // The restart comes past the AOF window, so it keeps the reservations made late in
             // the loss, and before the reconciler's republish age, so it still finds them (a
@@ -1578,6 +1702,25 @@ impl World {
                 links.iter().for_each(|&(a, b)| net.unclog_link(a, b));
             }
             Fault::OperatorPause => self.operator_pause(hold).await,
+            // Aimed at the recovery's last step: once a claim holds and every bucket has its
+            // stock again (rebuilt, or never lost), the reopen is near — it reads the registry,
+            // then writes the gates — and the operator acts about then. A recovery outlasts the
+            // sale as often as not, and so does the operator's watch: it goes on past the heal
+            // (the settle resumes a pause left standing).
+            Fault::PauseInRecovery => {
+                let w = self.clone();
+                let task = tokio::spawn(async move {
+                    for _ in 0..400 {
+                        if w.raw_claim().is_some() && w.stock_keys_present() {
+                            break;
+                        }
+                        tokio::time::sleep(CHECK_EVERY).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(0..1_000))).await;
+                    w.operator_pause(hold).await
+                });
+                self.background.lock().expect("background").push(task);
+            }
             Fault::FullLossRestart => self.full_loss_restart().await,
             // Pauses overlap the faults that follow: the nemesis goes on while the node sleeps.
             Fault::EnginePause => {
@@ -1669,14 +1812,19 @@ impl World {
     }
 
     /// Pause (or, one time in five, close) through one API node; after `hold`, resume through
-    /// another. The interval from the pause's return to the resume's issue is held to S5.
+    /// another. From the pause's return until the registry holds a newer resume, S5 holds.
     async fn operator_pause(&self, hold: Duration) {
         let state = if thread_rng().gen_bool(0.2) {
             ActivityState::Closed
         } else {
             ActivityState::Paused
         };
-        let (i, answer) = self.admin(rpc::Operate { state }, Duration::from_secs(5)).await;
+        // The operator waits half a second for the pause; past that, it takes the pause back (a
+        // resume through another node) while the first call may still be on its way to the
+        // gates: only their versions keep the older intent from winning.
+        let (i, answer) = self
+            .admin(rpc::Operate { state }, Duration::from_millis(500))
+            .await;
         match answer {
             Ok(Ok(intent)) => {
                 let at = self.faults.elapsed();
@@ -1685,11 +1833,12 @@ impl World {
                     "operator: {state} through engine-{i} (version {})",
                     intent.version
                 ));
-                self.pauses.lock().expect("pauses").push((at, None));
+                self.pauses.lock().expect("pauses").push((at, intent.version));
             }
             other => {
                 self.faults
                     .event(format!("operator: {state} through engine-{i} failed: {other:?}"));
+                self.resume().await;
                 return;
             }
         }
@@ -1699,10 +1848,6 @@ impl World {
 
     /// The operator resumes the sale (until an API node says it did).
     async fn resume(&self) {
-        let issued = self.faults.elapsed();
-        for open in self.pauses.lock().expect("pauses").iter_mut() {
-            open.1.get_or_insert(issued);
-        }
         for _ in 0..50 {
             let (i, answer) = self
                 .admin(

@@ -450,6 +450,10 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     if unfenced() {
         cache.close_gates(plan, fence).await?;
     }
+    // Fault point: a runner stalled between its read of the registry and the reopen (an
+    // operator's pause may land meanwhile: only the gates' versions keep it standing).
+    #[cfg(madsim)]
+    crate::planted::stall(1, Duration::from_millis(1_500)).await;
     for b in plan.all_buckets() {
         if !cache.reopen(plan, b, fence, &target).await? {
             return Err(PortError::determinate(

@@ -45,6 +45,10 @@ pub async fn set_intent<C: StockCache, L: Ledger>(
         .set_intent(id, state)
         .await?
         .ok_or(AdminError::UnknownActivity(id))?;
+    // Fault point: a call stalled between the registry and the gates, overtaken by the
+    // operator's next call (only the gates' versions keep the older intent from winning).
+    #[cfg(madsim)]
+    crate::planted::stall(2, std::time::Duration::from_millis(3_000)).await;
     let gates = cache.set_gates(&StockPlan::new(&activity), &intent).await?;
     Ok((intent, gates))
 }
