@@ -96,8 +96,9 @@ if [ -n "$check" ]; then
   status=0
   while IFS= read -r m; do
     file=$(field "$m" file)
+    cp "$tree/$file" "$work/pristine-check"
     apply "$m" || status=1
-    cp "$root/$file" "$tree/$file"
+    cp "$work/pristine-check" "$tree/$file"
   done < "$catalogue"
   [ "$status" -eq 0 ] && echo "mutants: every one of $(wc -l < "$catalogue") applies"
   exit "$status"
@@ -120,6 +121,8 @@ while IFS= read -r m; do
   if grep -qx "$id" <<< "$equivalent"; then
     equiv=$((equiv + 1)); echo "[mutants] $id: equivalent (ci/mutants-equivalent.txt)" >&2; continue
   fi
+  # The tree's own copy comes back afterwards (not $root's: the checkout may change meanwhile).
+  cp "$tree/$file" "$work/pristine"
   apply "$m"
   t0=$SECONDS
   if ! (cd "$tree" && cargo build -q -p seckill-sim --features simulation --release \
@@ -131,7 +134,7 @@ while IFS= read -r m; do
     verdict="killed: $(grep -m1 -E '^(violated|  [a-z-]+ seed|sweep)' "$work/$id.log" || grep -m1 'failed' "$work/$id.log" || echo 'soak failed')"
     killed=$((killed + 1))
   fi
-  cp "$root/$file" "$tree/$file"
+  cp "$work/pristine" "$tree/$file"
   echo "[mutants] $id: $verdict ($((SECONDS - t0)) s)" >&2
 done < "$catalogue"
 
