@@ -80,12 +80,21 @@ pub fn new_fence(rng: &mut impl rand::RngCore) -> String {
 
 /// Step 1: why this activity needs a recovery, if it does.
 pub async fn needs_recovery<C: StockCache>(cache: &C, plan: &StockPlan) -> PortResult<Option<String>> {
+    needed_besides(cache, plan, None).await
+}
+
+/// `needs_recovery`, not counting the claim `own` (this runner's, just taken).
+async fn needed_besides<C: StockCache>(
+    cache: &C,
+    plan: &StockPlan,
+    own: Option<&str>,
+) -> PortResult<Option<String>> {
     let epoch = cache.epoch().await?;
     let view = cache.summary(plan).await?;
     let Some(meta) = view.meta else {
         return Ok(Some("the activity's meta is missing".into()));
     };
-    if let Some(fence) = meta.claim {
+    if let Some(fence) = meta.claim.filter(|f| Some(f.as_str()) != own) {
         return Ok(Some(format!("claim {fence} has not finished")));
     }
     if meta.epoch.as_deref() != Some(epoch.as_str()) {
@@ -226,12 +235,23 @@ pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
     let Some(cause) = needs_recovery(cache, plan).await? else {
         return Ok(Recovery::NotNeeded);
     };
-    Ok(
-        match recover(cache, ledger, bus, plan, cfg, fence, cause).await? {
-            Ok(report) => Recovery::Recovered(report),
-            Err(busy) => Recovery::Busy(busy),
-        },
-    )
+    let epoch = cache.epoch().await?;
+    let previous = match claim(cache, plan, cfg, fence).await? {
+        Ok(previous) => previous,
+        Err(busy) => return Ok(Recovery::Busy(busy)),
+    };
+    // The claim seen unfinished may have finished between the look and this claim (which then
+    // found none to take over): what it recovered needs nothing more. Without this look, two
+    // runners waiting on each other's claims would recover in turn, each bumping the generation
+    // and closing the sale again for a recovery that changes nothing.
+    if previous.is_none() && needed_besides(cache, plan, Some(fence)).await?.is_none() {
+        // The meta holds Redis's run id now (the look compared them): finish leaves it so.
+        cache.finish(plan, fence, &cache.epoch().await?).await?;
+        return Ok(Recovery::NotNeeded);
+    }
+    claimed(cache, ledger, bus, plan, cfg, fence, epoch, cause)
+        .await
+        .map(Recovery::Recovered)
 }
 
 /// Run the fenced recovery now, whatever the detection says (warmup of an activity that already
@@ -245,13 +265,44 @@ pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
     fence: &str,
     cause: String,
 ) -> PortResult<Result<RecoveryReport, Busy>> {
-    let lease_ms = cfg.lease.as_millis().max(1) as u64;
     let epoch = cache.epoch().await?;
-    if let Claim::Busy { fence, ms_left } = cache.claim(plan, fence, lease_ms).await? {
-        if !unfenced() {
-            return Ok(Err(Busy { fence, ms_left }));
-        }
+    if let Err(busy) = claim(cache, plan, cfg, fence).await? {
+        return Ok(Err(busy));
     }
+    claimed(cache, ledger, bus, plan, cfg, fence, epoch, cause)
+        .await
+        .map(Ok)
+}
+
+/// Step 2: claim the recovery; `Ok(previous)`: the expired claim taken over, if any.
+async fn claim<C: StockCache>(
+    cache: &C,
+    plan: &StockPlan,
+    cfg: &RecoveryConfig,
+    fence: &str,
+) -> PortResult<Result<Option<String>, Busy>> {
+    let lease_ms = cfg.lease.as_millis().max(1) as u64;
+    Ok(match cache.claim(plan, fence, lease_ms).await? {
+        Claim::Claimed { previous } => Ok(previous),
+        Claim::Busy { .. } if unfenced() => Ok(None),
+        Claim::Busy { fence, ms_left } => Err(Busy { fence, ms_left }),
+    })
+}
+
+/// The recovery under a claim just taken (`epoch`: Redis's run id before it); the claim is let
+/// go if the recovery fails.
+#[allow(clippy::too_many_arguments)]
+async fn claimed<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+    cfg: &RecoveryConfig,
+    fence: &str,
+    epoch: String,
+    cause: String,
+) -> PortResult<RecoveryReport> {
+    let lease_ms = cfg.lease.as_millis().max(1) as u64;
     metrics::counter!("seckill_recovery_runs_total", "activity" => plan.activity.to_string()).increment(1);
     let held = Held {
         cache,
@@ -265,7 +316,7 @@ pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
     if outcome.is_err() {
         held.release().await;
     }
-    outcome.map(Ok)
+    outcome
 }
 
 async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
@@ -450,10 +501,15 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     if unfenced() {
         cache.close_gates(plan, fence).await?;
     }
-    // Fault point: a runner stalled between its read of the registry and the reopen (an
-    // operator's pause may land meanwhile: only the gates' versions keep it standing).
+    // Fault points: a runner stalled between its read of the registry and the reopen (an
+    // operator's pause may land meanwhile: only the gates' versions keep it standing), now and
+    // then past its lease (another runner takes over meanwhile: only the fence keeps it from
+    // reopening gates that are another's to reopen).
     #[cfg(madsim)]
-    crate::planted::stall(1, Duration::from_millis(1_500)).await;
+    {
+        crate::planted::stall(1, Duration::from_millis(1_500)).await;
+        crate::planted::stall(5, Duration::from_millis(5_000)).await;
+    }
     for b in plan.all_buckets() {
         if !cache.reopen(plan, b, fence, &target).await? {
             return Err(PortError::determinate(
