@@ -1663,7 +1663,18 @@ impl World {
                 } else {
                     Persistence::Aof
                 });
-                self.reboot(self.redis_node.id());
+                // In chaos, half the restarts are not instant: Redis is down a while (loading its
+                // AOF, a supervisor's restart delay) and requests meanwhile get no answer. The
+                // scenarios about recoveries restart it at once, so that records still in flight
+                // meet the recovery. Either way it comes back with what its persistence kept.
+                self.handle.kill(self.redis_node.id());
+                if self.cfg.scenario == Scenario::Chaos && thread_rng().gen_bool(0.5) {
+                    let down = thread_rng().gen_range(50..1_500);
+                    f.fired("redis_down_a_while");
+                    f.event(format!("redis down for {down} ms"));
+                    tokio::time::sleep(Duration::from_millis(down)).await;
+                }
+                self.handle.restart(self.redis_node.id());
             }
             Fault::RedisPartition => {
                 f.fired("redis_partition");
