@@ -133,7 +133,9 @@ pub enum Invariant {
     L2BoundedUndersell,
     /// S5: after a pause or close returned, no reserve answers "reserved" until a resume is
     /// issued (DESIGN §11.2), whatever process the request reached — checked against the
-    /// clients' own history.
+    /// clients' own history, in the registry's order (a resume counts from its registry write:
+    /// one issued before the pause returned may be the older intent); and no gate's intent
+    /// version goes back while Redis lives (an older intent never undoes a newer one).
     S5PauseHolds,
     /// S6: an open gate carries the registry's current generation (DESIGN §11.3). A recovery
     /// bumps the generation only while its fence holds every gate closed, and reopens with the
