@@ -1156,16 +1156,15 @@ impl World {
         }
         let mut out = Vec::new();
         for (b, v) in now {
-            match seen.1.insert(b, v) {
-                Some(before) if before > v => out.push(inv::Violation {
+            if let Some(before) = seen.1.insert(b, v).filter(|before| *before > v) {
+                out.push(inv::Violation {
                     invariant: inv::Invariant::S5PauseHolds,
                     bucket: Some(b),
                     detail: format!(
                         "the gate's intent went from version {before} back to {v}: an older intent \
                          overrode a newer one"
                     ),
-                }),
-                _ => {}
+                });
             }
         }
         out

@@ -274,6 +274,10 @@ pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
         .map(Ok)
 }
 
+fn lease_ms(cfg: &RecoveryConfig) -> u64 {
+    cfg.lease.as_millis().max(1) as u64
+}
+
 /// Step 2: claim the recovery; `Ok(previous)`: the expired claim taken over, if any.
 async fn claim<C: StockCache>(
     cache: &C,
@@ -281,8 +285,7 @@ async fn claim<C: StockCache>(
     cfg: &RecoveryConfig,
     fence: &str,
 ) -> PortResult<Result<Option<String>, Busy>> {
-    let lease_ms = cfg.lease.as_millis().max(1) as u64;
-    Ok(match cache.claim(plan, fence, lease_ms).await? {
+    Ok(match cache.claim(plan, fence, lease_ms(cfg)).await? {
         Claim::Claimed { previous } => Ok(previous),
         Claim::Busy { .. } if unfenced() => Ok(None),
         Claim::Busy { fence, ms_left } => Err(Busy { fence, ms_left }),
@@ -302,7 +305,7 @@ async fn claimed<C: StockCache, L: Ledger, B: OrderBus>(
     epoch: String,
     cause: String,
 ) -> PortResult<RecoveryReport> {
-    let lease_ms = cfg.lease.as_millis().max(1) as u64;
+    let lease_ms = lease_ms(cfg);
     metrics::counter!("seckill_recovery_runs_total", "activity" => plan.activity.to_string()).increment(1);
     let held = Held {
         cache,
