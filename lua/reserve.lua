@@ -5,14 +5,21 @@
 -- KEYS[5] sk:{A.b}:void    (reservation ids of fallback attempts the reconciler gave up)
 --
 -- op "own"      (the user's own bucket)  ARGV: op, user, qty, reservation id, now_ms, bucket, fallback("1"|"0")
--- op "fallback" (the fallback bucket)    ARGV: op, user, qty, reservation id, now_ms, bucket
---   -> {"reserved", bucket, generation} | {"duplicate"} | {"empty"} | {"pending"} | {"not_warmed"}
+-- op "fallback" (the fallback bucket)    ARGV: op, user, qty, reservation id, now_ms, bucket,
+--                                               generation (the own bucket's "pending" answer's)
+--   -> {"reserved", bucket, generation} | {"duplicate"} | {"empty"} | {"pending", generation}
+--    | {"not_warmed"}
 --    | {"voided"} (fallback only: the attempt was given up, see op "void"; nothing is taken)
+--    | {"stale"} (fallback only: this gate's generation is not the one the own bucket's mark was
+--      left under — a recovery rebuilt Redis in between, and the mark may have gone with Redis's
+--      data: a unit taken now would be held by a user no longer marked in the own bucket, free
+--      to reserve there again; nothing is taken)
 --    | {"gated", state}: the bucket's gate (gate.lua) is not open — state closed, paused or
 --      recovering; a missing gate counts as closed. Nothing is taken and no mark is left.
 --   "pending" (own only, when the bucket is empty and a fallback exists): the user is marked in
 --   this bucket's buyers and a `pending:<user>` field records the attempt, so that the same user
---   cannot also win from this bucket later while the fallback attempt is in flight.
+--   cannot also win from this bucket later while the fallback attempt is in flight. It answers
+--   the gate's generation, which the fallback reserve must find unchanged.
 -- op "resolve"  (the user's own bucket, after the fallback attempt)
 --               ARGV: op, user, "keep"|"clear", reservation id (the attempt's)
 --   "keep": the user won from the fallback; the buyer mark stays, the pending field goes.
@@ -86,6 +93,9 @@ if not rid or not string.match(rid, "^%x+$") then
   return redis.error_reply("ERR reserve: reservation id must be hex")
 end
 
+if op == "fallback" and not string.match(ARGV[7] or "", "^%d+$") then
+  return redis.error_reply("ERR reserve: fallback wants the pending mark's generation")
+end
 if op == "fallback" and redis.call("SISMEMBER", KEYS[5], rid) == 1 then
   return {"voided"}
 end
@@ -105,6 +115,9 @@ end
 if state ~= "open" then
   return {"gated", state}
 end
+if op == "fallback" and generation ~= ARGV[7] then
+  return {"stale"}
+end
 if redis.call("SISMEMBER", KEYS[2], user) == 1 then
   return {"duplicate"}
 end
@@ -117,6 +130,6 @@ end
 if op == "own" and ARGV[7] == "1" then
   redis.call("SADD", KEYS[2], user)
   redis.call("HSET", KEYS[3], "pending:" .. user, rid .. "|" .. ARGV[5])
-  return {"pending"}
+  return {"pending", tonumber(generation)}
 end
 return {"empty"}

@@ -2139,6 +2139,39 @@ impl World {
             .collect()
     }
 
+    /// While Redis loses nothing, its buyer marks and stock are the truth the ledger only
+    /// confirms: a consumer batch in which the ledger refused a reservation because its user
+    /// already held an order, or because the bucket had no unit left, means Redis let a user
+    /// reserve twice (S2) or sold a unit it did not have (S1) — even if the refusal's follow-up
+    /// put everything right again.
+    fn refusals_without_loss(&self) -> Vec<inv::Violation> {
+        let seen = self.faults.coverage();
+        [
+            (
+                "duplicate_buyer_refused",
+                inv::Invariant::S2OneOrderPerUser,
+                "user already held an order",
+            ),
+            (
+                "out_of_stock_refused",
+                inv::Invariant::S1NoOversell,
+                "bucket had no unit left",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(what, invariant, why)| {
+            seen.get(what).map(|batches| inv::Violation {
+                invariant,
+                bucket: None,
+                detail: format!(
+                    "in {batches} consumer batches the ledger refused a reservation because its {why}, \
+                     although Redis lost nothing"
+                ),
+            })
+        })
+        .collect()
+    }
+
     async fn final_checks(&self, drained: bool) {
         let snap = self.god.snapshot().await;
         self.record(self.safety(&snap), Verdict::Safety);
@@ -2147,6 +2180,9 @@ impl World {
         let mut live = Vec::new();
         if checks.r1 {
             live.extend(inv::r1_reconciled(&snap));
+        }
+        if checks.s2_redis {
+            self.record(self.refusals_without_loss(), Verdict::Safety);
         }
         if checks.l2 {
             let unsold: i64 = snap.buckets.iter().filter_map(|b| b.redis_stock).sum();

@@ -165,11 +165,24 @@ enum Step {
     Reserved,
     Duplicate,
     Empty,
-    Pending,
+    /// The own bucket was empty and left the pending-fallback mark, under this generation.
+    Pending(u64),
     NotWarmed,
     Gated(ActivityState),
     /// A fallback attempt the reconciler gave up before it arrived: nothing was taken.
     Voided,
+    /// A fallback attempt that arrived after a recovery rebuilt Redis (its own bucket's mark,
+    /// left under an older generation, may be gone): nothing was taken.
+    Stale,
+}
+
+/// What one `reserve.lua` call is.
+#[derive(Clone, Copy)]
+enum Attempt {
+    /// The user's own bucket; with `mark_pending`, an empty one leaves the pending-fallback mark.
+    Own { mark_pending: bool },
+    /// The fallback bucket, after the own bucket left its mark under `generation`.
+    Fallback { generation: u64 },
 }
 
 /// `StockCache` for every backend that speaks scripts.
@@ -271,16 +284,14 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
         self.run(op, Script::Warmup, vec![meta_key(a)], args).await
     }
 
-    /// Run `reserve.lua` (`op` "own" or "fallback") for `candidate` on `candidate.bucket`;
-    /// with `mark_pending`, an empty own bucket leaves the pending-fallback mark.
-    async fn reserve_in(
-        &self,
-        op: &'static str,
-        mark_pending: bool,
-        candidate: &mut Reservation,
-    ) -> PortResult<Step> {
+    /// Run `reserve.lua` (op "own" or "fallback") for `candidate` on `candidate.bucket`.
+    async fn reserve_in(&self, attempt: Attempt, candidate: &mut Reservation) -> PortResult<Step> {
         let (a, bucket) = (candidate.activity, candidate.bucket);
         let keys = reserve_keys(a, bucket);
+        let op = match attempt {
+            Attempt::Own { .. } => "own",
+            Attempt::Fallback { .. } => "fallback",
+        };
         let mut args = vec![
             op.to_string(),
             candidate.user.to_string(),
@@ -289,9 +300,10 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
             candidate.reserved_at_ms.to_string(),
             bucket.to_string(),
         ];
-        if op == "own" {
-            args.push(if mark_pending { "1" } else { "0" }.to_string());
-        }
+        args.push(match attempt {
+            Attempt::Own { mark_pending } => if mark_pending { "1" } else { "0" }.to_string(),
+            Attempt::Fallback { generation } => generation.to_string(),
+        });
         #[cfg(madsim)]
         let reply = if crate::planted::on(crate::planted::Bug::GateNotChecked) {
             self.planted_ungated_reserve(&keys, &args).await?
@@ -308,8 +320,9 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
             }
             ("duplicate", []) => Step::Duplicate,
             ("empty", []) => Step::Empty,
-            ("pending", []) => Step::Pending,
+            ("pending", [Reply::Int(g)]) if op == "own" && *g >= 0 => Step::Pending(*g as u64),
             ("voided", []) if op == "fallback" => Step::Voided,
+            ("stale", []) if op == "fallback" => Step::Stale,
             ("not_warmed", []) => Step::NotWarmed,
             ("gated", [state]) => match as_str(state).and_then(ActivityState::parse) {
                 Some(state) => Step::Gated(state),
@@ -569,7 +582,7 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         #[cfg(madsim)]
         let mark_pending =
             mark_pending && !crate::planted::on(crate::planted::Bug::FallbackWithoutPendingMark);
-        match self.reserve_in("own", mark_pending, &mut own).await? {
+        let generation = match self.reserve_in(Attempt::Own { mark_pending }, &mut own).await? {
             Step::Reserved => return Ok(ReserveOutcome::Reserved(own)),
             Step::Duplicate => return Ok(ReserveOutcome::Duplicate),
             Step::NotWarmed => return Ok(ReserveOutcome::NotWarmed),
@@ -582,7 +595,13 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
                         bucket: plan.fallback_bucket(),
                         ..own
                     };
-                    return Ok(match self.reserve_in("fallback", false, &mut fallback).await? {
+                    // Whatever generation the fallback's gate has: no mark to keep in step with.
+                    let gate = self
+                        .run_gate("read", fallback.activity, fallback.bucket, vec!["read".into()])
+                        .await?;
+                    let generation = as_str(&gate).and_then(parse_gate).map_or(0, |g| g.generation);
+                    let attempt = Attempt::Fallback { generation };
+                    return Ok(match self.reserve_in(attempt, &mut fallback).await? {
                         Step::Reserved => ReserveOutcome::Reserved(fallback),
                         Step::Duplicate => ReserveOutcome::Duplicate,
                         _ => ReserveOutcome::Empty,
@@ -590,9 +609,15 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
                 }
                 return Ok(ReserveOutcome::Empty);
             }
-            Step::Pending => {}
-            Step::Voided => unreachable!("reserve_in answers Voided to a fallback reserve only"),
-        }
+            Step::Pending(generation) => generation,
+            Step::Voided | Step::Stale => {
+                unreachable!("reserve_in answers Voided and Stale to a fallback reserve only")
+            }
+        };
+        // Fault point: a process stalled between its own bucket's pending mark and the fallback
+        // reserve, past the reconciler's grace period (which gives the attempt up meanwhile).
+        #[cfg(madsim)]
+        crate::planted::stall(8, std::time::Duration::from_millis(3_000)).await;
         // The own bucket left a pending mark: try the fallback. A unit won there keeps the
         // mark pending until the caller knows the publish's outcome (DESIGN §4): the caller
         // resolves it, or the reconciler does if the caller never comes back. Any other outcome
@@ -601,7 +626,10 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             bucket: plan.fallback_bucket(),
             ..own.clone()
         };
-        let step = match self.reserve_in("fallback", false, &mut fallback).await {
+        let step = match self
+            .reserve_in(Attempt::Fallback { generation }, &mut fallback)
+            .await
+        {
             Ok(step) => step,
             Err(e) if e.is_indeterminate() => return Err(e),
             Err(e) => {
@@ -619,13 +647,25 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
                     "the fallback attempt arrived after the reconciler gave it up; nothing was taken",
                 ))
             }
-            Step::Duplicate => (true, ReserveOutcome::Duplicate),
-            Step::NotWarmed => (false, ReserveOutcome::NotWarmed),
-            Step::Gated(state) => (false, ReserveOutcome::Gated(state)),
-            Step::Empty | Step::Pending => (false, ReserveOutcome::Empty),
+            // Nothing was taken; the own bucket's mark, if the rebuild kept it, is cleared below.
+            Step::Stale => (
+                false,
+                Err(PortError::determinate(
+                    "reserve",
+                    "a recovery rebuilt Redis during the fallback attempt; nothing was taken",
+                )),
+            ),
+            Step::Duplicate => (true, Ok(ReserveOutcome::Duplicate)),
+            Step::NotWarmed => (false, Ok(ReserveOutcome::NotWarmed)),
+            Step::Gated(state) => (false, Ok(ReserveOutcome::Gated(state))),
+            Step::Empty | Step::Pending(_) => (false, Ok(ReserveOutcome::Empty)),
         };
+        // Fault point: stalled between the fallback's answer and the resolve of the own bucket's
+        // mark, past the grace period: the resolve arrives late, perhaps after a newer attempt.
+        #[cfg(madsim)]
+        crate::planted::stall(8, std::time::Duration::from_millis(3_000)).await;
         let _ = StockCache::resolve_pending(self, plan, user, id, keep).await;
-        Ok(result)
+        result
     }
 
     async fn release(&self, r: &Reservation, kind: ReleaseKind) -> PortResult<Released> {

@@ -289,6 +289,10 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         report.differences.retain(|d| again.contains(d));
     }
 
+    // Fault point: a pass stalled between its read and its actions (what it read may have
+    // moved on: a purchase released or the consumer settled what it is about to adopt).
+    #[cfg(madsim)]
+    crate::planted::stall(4, std::time::Duration::from_millis(1_500)).await;
     let mut results = futures::stream::iter(actions)
         .map(|mut action| async move {
             let done = match &mut action {

@@ -416,6 +416,10 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         // Certainly not published: give the units back and let the user retry — unless the
         // reconciler adopted the reservation to republish it (or it is already an order): then
         // the order is on its way, and so is the answer "queued".
+        // Fault point: stalled between the failed publish and the release, past the reconciler's
+        // republish age (it adopts and republishes the reservation meanwhile).
+        #[cfg(madsim)]
+        crate::planted::stall(4, std::time::Duration::from_millis(3_000)).await;
         let released = self
             .inner
             .cache
