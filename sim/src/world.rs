@@ -101,6 +101,10 @@ pub enum Fault {
     RedisSlowScript,
     RedisRestartVolatile,
     RedisRestartAof,
+    /// One bucket's stock key or gate vanishes alone (evicted under memory pressure, or deleted
+    /// by hand): no restart, the run id unchanged — only the detection's "a gate or a bucket is
+    /// missing" (DESIGN §11.3) can notice, and the recovery must rebuild it.
+    RedisKeyLost,
     RedisPartition,
     /// One link cut, both ways or one way (requests arrive and their replies are lost, or
     /// requests are lost): an API node and Kafka or Redis, a worker and MySQL or Kafka, a job
@@ -117,6 +121,9 @@ pub enum Fault {
     PauseInRecovery,
     /// Redis restarts empty, every API node restarts, the operator warms the activity up.
     FullLossRestart,
+    /// The operator runs the README's warmup again mid-sale (a deploy job re-running its steps):
+    /// on a Redis that lost nothing it must leave every bucket as it is.
+    OperatorWarmup,
     /// An API node stops (SIGSTOP-like) past the delivery timeout, then goes on where it was.
     EnginePause,
     /// A jobs node stops past its recovery claim's lease, then goes on where it was.
@@ -198,6 +205,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::RedisSlowScript,
     Fault::RedisRestartVolatile,
     Fault::RedisRestartAof,
+    Fault::RedisKeyLost,
     Fault::RedisPartition,
     Fault::LinkPartition,
     Fault::MysqlUnavailable,
@@ -243,6 +251,8 @@ impl Scenario {
                 Fault::OperatorPause,
                 Fault::OperatorPause,
                 Fault::PauseInRecovery,
+                Fault::OperatorWarmup,
+                Fault::RedisKeyLost,
                 Fault::EngineCrash,
                 Fault::JobsCrash,
                 Fault::RedisRestartVolatile,
@@ -616,8 +626,68 @@ struct GodView {
 
 impl GodView {
     async fn snapshot(&self) -> inv::Snapshot {
+        self.read().await.0
+    }
+
+    /// The snapshot, with the raw view of Redis it was made of (both read at one instant).
+    async fn read(&self) -> (inv::Snapshot, CacheView) {
         let db = self.ledger.snapshot(ACTIVITY).await.expect("in-process");
-        audit::snapshot_of(&self.raw_redis(), &db, &self.plan)
+        let raw = self.raw_redis();
+        (audit::snapshot_of(&raw, &db, &self.plan), raw)
+    }
+
+    /// R1 at every look while Redis loses nothing, from a snapshot (`snap`, through the audit's
+    /// mapping) and the raw view it was made of: in each bucket, Redis's stock, the open
+    /// reservations the ledger lacks, the ledger's units sold, the cancelled units on their way
+    /// back, and the transfers out less the transfers in add up to the bucket's initial stock.
+    /// Every step of the protocol moves units within one store at a time, in an order that keeps
+    /// this sum (the reconciler's own account, DESIGN R1), and both stores are read at one
+    /// instant — so a step that loses or doubles a unit shows at once, before a backstop (the
+    /// reconciler, a recovery's rebuild) or the final look could hide it.
+    fn units_conserved(snap: &inv::Snapshot, raw: &CacheView) -> Vec<inv::Violation> {
+        let open: std::collections::BTreeSet<&str> = snap
+            .buckets
+            .iter()
+            .flat_map(|b| b.open.iter().map(|r| r.reservation.as_str()))
+            .collect();
+        let held: std::collections::BTreeSet<&str> = snap
+            .orders
+            .iter()
+            .filter(|o| o.status.holds_stock())
+            .map(|o| o.reservation.as_str())
+            .collect();
+        snap.buckets
+            .iter()
+            .zip(&raw.buckets)
+            .filter_map(|(b, r)| {
+                let released: std::collections::BTreeSet<String> =
+                    r.cancelled_released.iter().map(|id| id.to_string()).collect();
+                let unordered: u64 = b
+                    .open
+                    .iter()
+                    .filter(|o| !held.contains(o.reservation.as_str()))
+                    .map(|o| o.qty)
+                    .sum();
+                let orders = || snap.orders.iter().filter(|o| o.bucket == b.bucket);
+                let sold: u64 = orders().filter(|o| o.status.holds_stock()).map(|o| o.qty).sum();
+                let returning: u64 = orders()
+                    .filter(|o| o.status == OrderStatus::Cancelled)
+                    .filter(|o| !released.contains(&o.reservation) && !open.contains(o.reservation.as_str()))
+                    .map(|o| o.qty)
+                    .sum();
+                let stock = b.redis_stock?;
+                let sum = stock + (unordered + sold + returning + b.transfers_out) as i64 - b.transfers_in as i64;
+                (sum != b.initial as i64).then(|| inv::Violation {
+                    invariant: inv::Invariant::R1Reconciled,
+                    bucket: Some(b.bucket),
+                    detail: format!(
+                        "redis {stock} + open unordered {unordered} + sold {sold} + cancelled on their way back \
+                         {returning} + out {} - in {} = {sum}, initial {}",
+                        b.transfers_out, b.transfers_in, b.initial
+                    ),
+                })
+            })
+            .collect()
     }
 
     /// S6 over the gates read raw, against the registry's generation at the same instant (both
@@ -1087,8 +1157,11 @@ impl World {
     async fn check_continuously(self: Arc<Self>) {
         loop {
             tokio::time::sleep(CHECK_EVERY).await;
-            let snap = self.god.snapshot().await;
+            let (snap, raw) = self.god.read().await;
             self.record(self.safety(&snap), Verdict::Safety);
+            if self.cfg.scenario.checks(self.cfg.jobs).s2_redis {
+                self.record(GodView::units_conserved(&snap, &raw), Verdict::Safety);
+            }
             self.record(self.god.generation_fenced().await, Verdict::Safety);
             self.record(self.transfers_acked(), Verdict::Safety);
             self.record(self.gates_move_forward(), Verdict::Safety);
@@ -1183,6 +1256,32 @@ impl World {
     }
 
     /// Every bucket has a stock key (read raw).
+    /// Redis holds the whole activity and no recovery is under way (read raw): the meta with
+    /// its epoch and no claim, every stock key, every gate and none of them recovering.
+    fn healthy(&self) -> bool {
+        use seckill_engine::adapters::embedded::Value;
+        use seckill_engine::adapters::script::{gate_key, meta_key};
+        let meta_ok = self
+            .redis
+            .model
+            .read(|ks| match ks.get(meta_key(ACTIVITY).as_bytes()) {
+                Some(Value::Hash(h)) => {
+                    h.contains_key(b"epoch".as_slice()) && !h.contains_key(b"claim".as_slice())
+                }
+                _ => false,
+            });
+        let gates_ok = self.redis.model.read(|ks| {
+            self.god
+                .plan
+                .all_buckets()
+                .all(|b| match ks.get(gate_key(ACTIVITY, b).as_bytes()) {
+                    Some(Value::Str(g)) => !g.starts_with(b"recovering"),
+                    _ => false,
+                })
+        });
+        meta_ok && gates_ok && self.stock_keys_present()
+    }
+
     fn stock_keys_present(&self) -> bool {
         use seckill_engine::adapters::script::stock_key;
         self.redis.model.read(|ks| {
@@ -1563,6 +1662,7 @@ impl World {
                 if thread_rng().gen_bool(0.5)
                     && self.timings.republish_after_ms > self.timings.aof_window_ms + 150 =>
             {
+                let quiesce = self.timings.recovery().quiesce.as_millis() as u64;
                 vec![
                     (ms(0..100), Fault::MqLoseAfterAck, ms(100..300)),
                     (
@@ -1570,6 +1670,11 @@ impl World {
                         Fault::RedisRestartAof,
                         0,
                     ),
+                    // And the broker loses records again about when the recovery rescues the
+                    // outbox: a rescued record lost after its ack leaves its reservation open
+                    // and unheld, which the rebuild must refuse to delete (the next attempt
+                    // rescues it again).
+                    (quiesce + ms(0..300), Fault::MqLoseAfterAck, ms(500..2_000)),
                 ]
             }
             // The pause ends after the recovery bumped the generation (its publish window, and
@@ -1732,6 +1837,36 @@ impl World {
                 self.background.lock().expect("background").push(task);
             }
             Fault::FullLossRestart => self.full_loss_restart().await,
+            // Aimed at a healthy activity under load (a key lost while a recovery rebuilds is
+            // the recovery's anyway): it waits for one — in the late wave, if the first never
+            // was (a recovery outlasts it as often as not).
+            Fault::RedisKeyLost => {
+                use seckill_engine::adapters::script::{gate_key, stock_key};
+                let all: Vec<BucketNo> = self.god.plan.all_buckets().collect();
+                let b = all[thread_rng().gen_range(0..all.len())];
+                let key = match thread_rng().gen_bool(0.5) {
+                    true => stock_key(ACTIVITY, b),
+                    false => gate_key(ACTIVITY, b),
+                };
+                let w = self.clone();
+                let task = tokio::spawn(async move {
+                    while !(w.faults.under_load() && w.healthy()) {
+                        tokio::time::sleep(CHECK_EVERY).await;
+                    }
+                    w.faults.fired("redis_key_lost");
+                    w.faults.event(format!("redis: {key} lost"));
+                    w.redis.model.command(&[b"DEL".to_vec(), key.into_bytes()]);
+                    // The recovery recreates the gate: its versions start again.
+                    w.gate_versions.lock().expect("gate versions").1.remove(&b.0);
+                });
+                self.background.lock().expect("background").push(task);
+            }
+            Fault::OperatorWarmup => {
+                self.faults.fired("operator_warmup");
+                let w = self.clone();
+                let task = tokio::spawn(async move { w.operator_warmup().await });
+                self.background.lock().expect("background").push(task);
+            }
             // Pauses overlap the faults that follow: the nemesis goes on while the node sleeps.
             Fault::EnginePause => {
                 let (w, id) = (self.clone(), pick(&self.engines));
@@ -2038,6 +2173,9 @@ impl World {
         match &meta {
             Some(m) if m.claim.is_none() && m.epoch.as_deref() == Some(&epoch) => {}
             other => return format!("activity not recovered: {other:?}"),
+        }
+        if let Some(b) = view.buckets.iter().find(|b| b.stock.is_none()) {
+            return format!("bucket {} has no stock key", b.bucket);
         }
         let shut: Vec<String> = view
             .buckets
