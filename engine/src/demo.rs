@@ -163,7 +163,15 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
         cache.clone(),
         bus.clone(),
         clock,
-        PurchaseConfig::default(),
+        // A bucket found empty is answered "sold out" from memory until a rebalancing pass
+        // refreshes the service: in a demo sale units come back no other way (no payment
+        // timeout, no publish failing). The production default re-asks Redis after 200 ms of
+        // wall time, which made the funnel's counts depend on how fast this machine ran each
+        // wave (a starved run answered "duplicate" where a quick one said "sold out"), and a
+        // seed no longer replayed the same sale.
+        PurchaseConfig {
+            sold_out_recheck_ms: 3_600_000,
+        },
         // Reservation ids are unique keys of a ledger that may outlive this sale (real stores),
         // so their generator is seeded by the activity as well as the seed.
         &mut StdRng::seed_from_u64(cfg.seed ^ id.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
