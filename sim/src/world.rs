@@ -124,6 +124,10 @@ pub enum Fault {
     /// The operator runs the README's warmup again mid-sale (a deploy job re-running its steps):
     /// on a Redis that lost nothing it must leave every bucket as it is.
     OperatorWarmup,
+    /// The broker loses records after their ack for as long as the next recovery runs (its
+    /// outbox rescue among them): a rescued record lost leaves its reservation open and not in
+    /// the ledger, which the rebuild must refuse to delete (the next attempt rescues it again).
+    MqLoseInRecovery,
     /// An API node stops (SIGSTOP-like) past the delivery timeout, then goes on where it was.
     EnginePause,
     /// A jobs node stops past its recovery claim's lease, then goes on where it was.
@@ -1662,7 +1666,6 @@ impl World {
                 if thread_rng().gen_bool(0.5)
                     && self.timings.republish_after_ms > self.timings.aof_window_ms + 150 =>
             {
-                let quiesce = self.timings.recovery().quiesce.as_millis() as u64;
                 vec![
                     (ms(0..100), Fault::MqLoseAfterAck, ms(100..300)),
                     (
@@ -1670,11 +1673,7 @@ impl World {
                         Fault::RedisRestartAof,
                         0,
                     ),
-                    // And the broker loses records again about when the recovery rescues the
-                    // outbox: a rescued record lost after its ack leaves its reservation open
-                    // and unheld, which the rebuild must refuse to delete (the next attempt
-                    // rescues it again).
-                    (quiesce + ms(0..300), Fault::MqLoseAfterAck, ms(500..2_000)),
+                    (0, Fault::MqLoseInRecovery, 0),
                 ]
             }
             // The pause ends after the recovery bumped the generation (its publish window, and
@@ -1837,6 +1836,28 @@ impl World {
                 self.background.lock().expect("background").push(task);
             }
             Fault::FullLossRestart => self.full_loss_restart().await,
+            Fault::MqLoseInRecovery => {
+                let w = self.clone();
+                let task = tokio::spawn(async move {
+                    while w.raw_claim().is_none() {
+                        tokio::time::sleep(CHECK_EVERY).await;
+                    }
+                    let turn: fn(&mut crate::faults::Knobs, bool) =
+                        |k, on| k.mq_lose_after_ack = prob(0.2, on);
+                    w.faults
+                        .event("window mq_lose_after_ack while a recovery runs".into());
+                    w.faults.open_window("mq_lose_after_ack", turn);
+                    while w.raw_claim().is_some() {
+                        // It outlasts the heal (which turns every knob off), as the recovery does.
+                        if w.faults.knobs().mq_lose_after_ack == 0.0 {
+                            w.faults.open_window("mq_lose_after_ack", turn);
+                        }
+                        tokio::time::sleep(CHECK_EVERY).await;
+                    }
+                    w.faults.close_window("mq_lose_after_ack", turn);
+                });
+                self.background.lock().expect("background").push(task);
+            }
             // Aimed at a healthy activity under load (a key lost while a recovery rebuilds is
             // the recovery's anyway): it waits for one — in the late wave, if the first never
             // was (a recovery outlasts it as often as not).
