@@ -203,6 +203,15 @@ pub struct GroupSync {
 }
 request!(GroupSync => (u64, Vec<u32>), 0x5e27);
 
+/// A member leaving its group (a consumer closed, as rdkafka's does when dropped): the group
+/// rebalances at once instead of after the session timeout.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct GroupLeave {
+    pub group: String,
+    pub member: String,
+}
+request!(GroupLeave => (), 0x5e28);
+
 #[derive(Serialize, Deserialize)]
 pub struct Committed {
     pub group: String,
@@ -284,6 +293,7 @@ mod tests {
             Fetch::ID,
             Commit::ID,
             GroupSync::ID,
+            GroupLeave::ID,
             Committed::ID,
             Lag::ID,
             DeadLetter::ID,

@@ -558,12 +558,32 @@ impl Group {
             return false;
         }
         self.generation += 1;
+        self.assign(partitions);
+        true
+    }
+
+    /// Round robin over the members in id order.
+    fn assign(&mut self, partitions: u32) {
         let members: Vec<String> = self.last_seen.keys().cloned().collect();
         self.assignment = members.iter().map(|m| (m.clone(), Vec::new())).collect();
+        if members.is_empty() {
+            return;
+        }
         for p in 0..partitions {
             let m = &members[p as usize % members.len()];
             self.assignment.get_mut(m).expect("a member").push(p);
         }
+    }
+}
+
+impl Group {
+    /// `member` left: the others share its partitions from the next generation on.
+    fn leave(&mut self, member: &str, partitions: u32) -> bool {
+        if self.last_seen.remove(member).is_none() {
+            return false;
+        }
+        self.generation += 1;
+        self.assign(partitions);
         true
     }
 }
@@ -711,6 +731,22 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
             (group.generation, mine)
         }
     });
+    let (l, f) = (log.clone(), faults.clone());
+    rpc::serve(&ep, move |req: rpc::GroupLeave| {
+        let (l, f) = (l.clone(), f.clone());
+        async move {
+            let mut st = l.state.lock().expect("kafka");
+            let partitions = st.partitions.len() as u32;
+            if st
+                .groups
+                .entry(req.group)
+                .or_default()
+                .leave(&req.member, partitions)
+            {
+                f.fired("group_rebalance");
+            }
+        }
+    });
     let l = log.clone();
     rpc::serve(&ep, move |req: rpc::Committed| {
         let l = l.clone();
@@ -748,11 +784,16 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
 #[derive(Clone)]
 pub struct SimBus {
     ep: Arc<Endpoint>,
+    /// Leaves of the sources dropped from this bus, not yet known to have reached the broker.
+    leaving: Arc<Mutex<Vec<rpc::GroupLeave>>>,
 }
 
 impl SimBus {
     pub fn new(ep: Arc<Endpoint>) -> Self {
-        SimBus { ep }
+        SimBus {
+            ep,
+            leaving: Arc::default(),
+        }
     }
 
     async fn produce(&self, key: &str, payload: &[u8]) -> PortResult<()> {
@@ -790,8 +831,15 @@ impl OrderBus for SimBus {
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<SimSource> {
+        // The leaves of the sources dropped before first, as a closed rdkafka consumer has left
+        // its group by the time its close returns (a second send of one changes nothing).
+        let leaving = std::mem::take(&mut *self.leaving.lock().expect("leaving"));
+        for leave in leaving {
+            let _ = self.ep.call_timeout(addr(rpc::KAFKA), leave, STORE_TIMEOUT).await;
+        }
         Ok(SimSource {
             ep: self.ep.clone(),
+            leaving: self.leaving.clone(),
             group: group.to_string(),
             member: format!("member-{:016x}", madsim::rand::thread_rng().gen::<u64>()),
             generation: None,
@@ -803,6 +851,7 @@ impl OrderBus for SimBus {
 
 pub struct SimSource {
     ep: Arc<Endpoint>,
+    leaving: Arc<Mutex<Vec<rpc::GroupLeave>>>,
     group: String,
     member: String,
     /// The generation `owned` was assigned in (`None` before the first heartbeat).
@@ -810,6 +859,23 @@ pub struct SimSource {
     owned: Vec<u32>,
     /// Next offset per owned partition; empty after a rewind (re-read from committed).
     positions: BTreeMap<u32, u64>,
+}
+
+/// A source dropped leaves its group, as rdkafka's consumer does when it closes. A crashed
+/// process leaves nothing: on a killed node the leave is spawned but never runs (madsim), so its
+/// partitions wait for the session timeout, as Kafka's do.
+impl Drop for SimSource {
+    fn drop(&mut self) {
+        let leave = rpc::GroupLeave {
+            group: self.group.clone(),
+            member: self.member.clone(),
+        };
+        self.leaving.lock().expect("leaving").push(leave.clone());
+        let ep = self.ep.clone();
+        madsim::task::spawn(async move {
+            let _ = ep.call_timeout(addr(rpc::KAFKA), leave, STORE_TIMEOUT).await;
+        });
+    }
 }
 
 impl OrderSource for SimSource {

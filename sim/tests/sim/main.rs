@@ -6,6 +6,7 @@
 #[cfg(not(madsim))]
 compile_error!("simulation tests need `--cfg madsim`: run `cargo sim` with RUSTFLAGS unset");
 
+mod conformance;
 mod harness;
 mod scenarios;
 mod smoke;
