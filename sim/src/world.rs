@@ -1100,6 +1100,16 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     let nemesis = tokio::spawn(w.clone().nemesis());
     let checker = tokio::spawn(w.clone().check_continuously());
     w.wait_for(&mut clients).await;
+    // The nemesis goes on a while past the last click (DESIGN §9 v2: faults through recovery and
+    // settle): the world must settle from whatever the last faults leave, not from a quiet end.
+    if !w.violated() {
+        let overtime = Duration::from_millis(thread_rng().gen_range(0..1_500));
+        w.faults.event(format!(
+            "nemesis goes on {} ms past the sale",
+            overtime.as_millis()
+        ));
+        tokio::time::sleep(overtime).await;
+    }
     nemesis.abort();
     w.heal().await;
     let mut drained = if w.violated() { true } else { w.settle().await };
@@ -1659,17 +1669,20 @@ impl World {
                 (0, Fault::RedisRestartVolatile, 0),
                 (0, Fault::PauseInRecovery, ms(500..1_000)),
             ],
-            // The restart comes past the AOF window, so it keeps the reservations made late in
-            // the loss, and before the reconciler's republish age, so it still finds them (a
+            // The restart comes past the AOF window, so it keeps the reservations whose records
+            // were lost, and before the reconciler's republish age, so it still finds them (a
             // seed whose timings leave no room between the two gets the other pair).
             Scenario::CompetingRecoveries
                 if thread_rng().gen_bool(0.5)
-                    && self.timings.republish_after_ms > self.timings.aof_window_ms + 150 =>
+                    && self.timings.republish_after_ms > self.timings.aof_window_ms + 300 =>
             {
+                // Past the window's end by more than the AOF window: the restart keeps every
+                // reservation whose record the window lost.
+                let lossy = ms(100..200);
                 vec![
-                    (ms(0..100), Fault::MqLoseAfterAck, ms(100..300)),
+                    (ms(0..100), Fault::MqLoseAfterAck, lossy),
                     (
-                        self.timings.aof_window_ms + ms(50..100),
+                        self.timings.aof_window_ms + lossy + ms(20..80),
                         Fault::RedisRestartAof,
                         0,
                     ),
