@@ -11,9 +11,9 @@
 --    | {"not_warmed"}
 --    | {"voided"} (fallback only: the attempt was given up, see op "void"; nothing is taken)
 --    | {"stale"} (fallback only: this gate's generation is not the one the own bucket's mark was
---      left under — a recovery rebuilt Redis in between, and the mark may have gone with Redis's
---      data: a unit taken now would be held by a user no longer marked in the own bucket, free
---      to reserve there again; nothing is taken)
+--      left under — a recovery rebuilt Redis in between, which dropped the mark (it marks the
+--      ledger's buyers only): a unit taken now would be held by a user no longer marked in the
+--      own bucket, free to reserve there again; nothing is taken)
 --    | {"gated", state}: the bucket's gate (gate.lua) is not open — state closed, paused or
 --      recovering; a missing gate counts as closed. Nothing is taken and no mark is left.
 --   "pending" (own only, when the bucket is empty and a fallback exists): the user is marked in

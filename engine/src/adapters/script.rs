@@ -171,8 +171,8 @@ enum Step {
     Gated(ActivityState),
     /// A fallback attempt the reconciler gave up before it arrived: nothing was taken.
     Voided,
-    /// A fallback attempt that arrived after a recovery rebuilt Redis (its own bucket's mark,
-    /// left under an older generation, may be gone): nothing was taken.
+    /// A fallback attempt that arrived after a recovery rebuilt Redis (which dropped its own
+    /// bucket's mark, left under the older generation): nothing was taken.
     Stale,
 }
 
@@ -647,7 +647,8 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
                     "the fallback attempt arrived after the reconciler gave it up; nothing was taken",
                 ))
             }
-            // Nothing was taken; the own bucket's mark, if the rebuild kept it, is cleared below.
+            // Nothing was taken. The rebuild dropped the own bucket's mark (it marks the ledger's
+            // buyers only): the resolve below finds nothing of this attempt's to clear.
             Step::Stale => (
                 false,
                 Err(PortError::determinate(
