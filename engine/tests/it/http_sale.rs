@@ -207,7 +207,12 @@ async fn serve_stops_gracefully_on_sigterm() {
         assert!(Instant::now() < deadline, "serve did not listen");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(http(addr, "GET", "/readyz", None, "").await.0, 200);
+    // Listening is not ready: /readyz answers 503 until the roles are up (a CI run on a busy
+    // machine once asked in between), as an orchestrator's probe would see.
+    while http(addr, "GET", "/readyz", None, "").await.0 != 200 {
+        assert!(Instant::now() < deadline, "serve did not become ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // The shell's builtin kill: no procps needed on the machine.
     let kill = std::process::Command::new("sh")
         .args(["-c", &format!("kill -TERM {}", child.id())])
