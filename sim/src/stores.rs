@@ -562,6 +562,16 @@ impl Group {
         true
     }
 
+    /// `member` left: the others share its partitions from the next generation on.
+    fn leave(&mut self, member: &str, partitions: u32) -> bool {
+        if self.last_seen.remove(member).is_none() {
+            return false;
+        }
+        self.generation += 1;
+        self.assign(partitions);
+        true
+    }
+
     /// Round robin over the members in id order.
     fn assign(&mut self, partitions: u32) {
         let members: Vec<String> = self.last_seen.keys().cloned().collect();
@@ -573,18 +583,6 @@ impl Group {
             let m = &members[p as usize % members.len()];
             self.assignment.get_mut(m).expect("a member").push(p);
         }
-    }
-}
-
-impl Group {
-    /// `member` left: the others share its partitions from the next generation on.
-    fn leave(&mut self, member: &str, partitions: u32) -> bool {
-        if self.last_seen.remove(member).is_none() {
-            return false;
-        }
-        self.generation += 1;
-        self.assign(partitions);
-        true
     }
 }
 

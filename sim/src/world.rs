@@ -138,6 +138,11 @@ pub enum Fault {
 }
 
 /// A knob's probability while its window is open, else 0.
+/// The knob of a window in which the broker loses records after their ack (one in five).
+fn lose_after_ack(k: &mut crate::faults::Knobs, on: bool) {
+    k.mq_lose_after_ack = prob(0.2, on);
+}
+
 fn prob(p: f64, on: bool) -> f64 {
     if on {
         p
@@ -1855,8 +1860,7 @@ impl World {
                     while w.raw_claim().is_none() {
                         tokio::time::sleep(CHECK_EVERY).await;
                     }
-                    let turn: fn(&mut crate::faults::Knobs, bool) =
-                        |k, on| k.mq_lose_after_ack = prob(0.2, on);
+                    let turn: fn(&mut crate::faults::Knobs, bool) = lose_after_ack;
                     w.faults
                         .event("window mq_lose_after_ack while a recovery runs".into());
                     w.faults.open_window("mq_lose_after_ack", turn);
@@ -1936,9 +1940,7 @@ impl World {
                     Fault::MqDelay => ("mq_delay", |k, on| k.mq_delay = delay(80, on)),
                     Fault::MqRefuse => ("mq_refuse", |k, on| k.mq_refuse = prob(0.5, on)),
                     Fault::MqAckLost => ("mq_ack_lost", |k, on| k.mq_ack_lost = prob(0.3, on)),
-                    Fault::MqLoseAfterAck => {
-                        ("mq_lose_after_ack", |k, on| k.mq_lose_after_ack = prob(0.2, on))
-                    }
+                    Fault::MqLoseAfterAck => ("mq_lose_after_ack", lose_after_ack),
                     Fault::RedisLatency => ("redis_latency", |k, on| k.redis_latency = delay(60, on)),
                     _ => ("redis_slow_script", |k, on| k.redis_slow_script = prob(0.05, on)),
                 };
