@@ -8,6 +8,8 @@
 --   records xfer "take:<tid>" = "<units>|<target>"
 -- op "give" on the target:  KEYS[1] stock  KEYS[2] xfer  KEYS[3] gate   ARGV: op, tid, units
 --   -> {"given"} | {"exists"} | {"gated"};  records xfer "give:<tid>" = units
+--   A target without its stock key is gated too: Redis lost that key (its gate is what a
+--   recovery's check then finds alone), and INCRBY would create it with only these units.
 -- A take or give on a recovering or closed gate is refused (DESIGN §11.3): the recovery rebuilds
 -- the bucket from the ledger, and a transfer half done across it is finished from the journal.
 -- op "ack" on the source:   KEYS[2] xfer                  ARGV: op, tid
@@ -54,7 +56,7 @@ elseif op == "give" then
   if redis.call("HEXISTS", KEYS[2], "give:" .. tid) == 1 then
     return {"exists"}
   end
-  if gated() then
+  if gated() or redis.call("EXISTS", KEYS[1]) == 0 then
     return {"gated"}
   end
   redis.call("INCRBY", KEYS[1], units)

@@ -1,8 +1,11 @@
 -- warmup.lua — install an activity's stock plan in Redis. Idempotent: a key that already exists
 -- is left exactly as it is (a second warmup must never refill a bucket that has been selling).
 --
--- op "bucket": KEYS[1] sk:{A.b}:stock            ARGV[2] initial units of bucket b
---   -> {"created", initial} | {"exists", current}
+-- op "bucket": KEYS[1] sk:{A.b}:stock  KEYS[2] sk:{A.b}:gate  ARGV[2] initial units of bucket b
+--   -> {"created", initial} | {"exists", current} | {"lost"}
+--   A bucket is warmed stock first, gate second: a gate without its stock key is a bucket that
+--   was warmed and then lost its stock (Redis lost data). Refilling it from the plan would put
+--   back every unit it sold, so nothing is written: that bucket is the recovery's to rebuild.
 -- op "meta":   KEYS[1] sk:{A}:meta   ARGV[2] plan version  ARGV[3] bucket count  ARGV[4] epoch
 --   -> {"created"} | {"exists"}; a different plan version is an error (plans never change in place)
 --   The epoch is the Redis server's run id at warmup: a later run id means Redis restarted since,
@@ -49,6 +52,9 @@ if op == "bucket" then
   local current = redis.call("GET", KEYS[1])
   if current then
     return {"exists", tonumber(current)}
+  end
+  if redis.call("EXISTS", KEYS[2]) == 1 then
+    return {"lost"}
   end
   redis.call("SET", KEYS[1], initial)
   return {"created", initial}

@@ -56,6 +56,10 @@ pub struct WarmupReport {
     pub created: u32,
     /// Buckets that were already warm and were left untouched.
     pub existing: u32,
+    /// Buckets found warmed once and lost since (a gate without its stock key: Redis lost data
+    /// after whatever check came before). None is refilled from the plan, and when any is
+    /// found nothing past the buckets is written: the activity needs a recovery.
+    pub lost: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,7 +260,9 @@ pub struct CacheView {
 
 pub trait StockCache: Clone + Send + Sync + 'static {
     /// Install the plan: stock keys, gates at `intent` (created only where missing), the meta
-    /// last. Idempotent (a warm bucket is never refilled, an existing gate never rewritten).
+    /// last, with the Redis run id read before the first key (a restart meanwhile shows as a
+    /// stale epoch). Idempotent (a warm bucket is never refilled, an existing gate never
+    /// rewritten); a bucket that lost its stock key is reported `lost`, never refilled.
     fn warmup(
         &self,
         plan: &StockPlan,

@@ -519,17 +519,23 @@ pub fn decode_bucket<'a>(
 
 impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
     async fn warmup(&self, plan: &StockPlan, intent: &Intent) -> PortResult<WarmupReport> {
+        // The run id before any key: if Redis restarts (empty) while this warmup writes, the
+        // meta it creates names the run before, and the recovery's check sees the loss.
+        let epoch = self.conn.run_id().await?;
         let mut report = WarmupReport::default();
         for b in plan.all_buckets() {
             let args = vec!["bucket".into(), plan.initial(b).to_string()];
-            let reply = self
-                .run("warmup", Script::Warmup, vec![stock_key(plan.activity, b)], args)
-                .await?;
+            let keys = vec![stock_key(plan.activity, b), gate_key(plan.activity, b)];
+            let reply = self.run("warmup", Script::Warmup, keys, args).await?;
             match tagged("warmup", &reply)? {
                 ("created", [Reply::Int(_)]) => report.created += 1,
                 ("exists", [Reply::Int(_)]) => report.existing += 1,
+                ("lost", []) => report.lost += 1,
                 _ => return Err(bad_reply("warmup", &reply)),
             }
+        }
+        if report.lost > 0 {
+            return Ok(report);
         }
         for b in plan.all_buckets() {
             let mut args = vec!["init".to_string()];
@@ -540,7 +546,6 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
                 _ => return Err(bad_reply("warmup", &reply)),
             }
         }
-        let epoch = self.conn.run_id().await?;
         let args = vec![
             "meta".into(),
             plan.version.clone(),

@@ -131,8 +131,23 @@ async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
     } else {
         jobs::needs_recovery(cache, plan).await?
     };
-    let Some(cause) = cause else {
-        return Ok(Warmed::FromPlan(cache.warmup(plan, &registry.intent).await?));
+    let cause = match cause {
+        Some(cause) => cause,
+        None => {
+            // Fault point: a warmup stalled between its check and its writes (Redis may lose a
+            // key meanwhile: only the gate left behind tells the warmup not to refill it).
+            #[cfg(madsim)]
+            crate::planted::stall(2, std::time::Duration::from_millis(1_500)).await;
+            let report = cache.warmup(plan, &registry.intent).await?;
+            if report.lost == 0 {
+                return Ok(Warmed::FromPlan(report));
+            }
+            // Lost after the check: the warmup wrote nothing of them; recover them now.
+            format!(
+                "{} of its buckets lost their stock key (the gate is there)",
+                report.lost
+            )
+        }
     };
     let cause = format!("warmup of an installed activity: {cause}");
     match jobs::recover(cache, ledger, bus, plan, recovery, fence, cause).await? {

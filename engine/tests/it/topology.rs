@@ -176,6 +176,80 @@ async fn warmup_after_a_redis_loss_rebuilds_from_the_ledger_never_from_the_plan(
     assert!(matches!(restarted.warmup(A).await.unwrap(), Warmed::FromPlan(r) if r.created == 0));
 }
 
+/// A stock key lost between the warmup's check and its writes (the operator's warmup ran while
+/// Redis lost a key): the warmup wrote the bucket back from the plan, every unit it had sold on
+/// sale again. A bucket whose gate is there was warmed once: its missing stock key is a loss,
+/// and the warmup recovers it from the ledger instead.
+#[tokio::test(start_paused = true)]
+async fn a_stock_key_lost_after_the_warmup_check_is_recovered_never_refilled() {
+    let w = World::new(20, 2, 0);
+    let api = w.api(1);
+    api.create(&w.activity).await.unwrap();
+    let sold = users_in(&w.plan, BucketNo(0), 4);
+    for u in &sold {
+        assert!(matches!(buy(&api, *u).await, PurchaseOutcome::Queued(_)));
+    }
+    w.drain().await;
+    let stock = seckill_engine::adapters::script::stock_key(A, BucketNo(0));
+    w.cache
+        .conn()
+        .inner
+        .command(&[b"DEL".to_vec(), stock.clone().into_bytes()]);
+
+    // The warmup's own write, as if its check had passed just before the loss.
+    let intent = w.ledger.registry(A).await.unwrap().unwrap().intent;
+    let report = w.cache.warmup(&w.plan, &intent).await.unwrap();
+    assert_eq!((report.created, report.lost), (0, 1), "{report:?}");
+    let view = w.cache.summary(&w.plan).await.unwrap();
+    assert_eq!(view.buckets[0].stock, None, "nothing refilled from the plan");
+
+    let Warmed::Recovered(r) = api.warmup(A).await.unwrap() else {
+        panic!("the lost bucket is the recovery's")
+    };
+    assert_eq!(r.stock, 20 - sold.len() as u64, "{r:?}");
+    api.refresh().await.unwrap();
+    assert_eq!(
+        buy(&api, sold[0]).await,
+        PurchaseOutcome::Duplicate,
+        "its buyers stay marked"
+    );
+    w.drain().await;
+    assert_eq!(w.violations().await, Vec::<String>::new());
+}
+
+/// A transfer's give into a bucket whose stock key Redis lost (the rebalancer read the bucket
+/// as drained, or the key went after its read): INCRBY created the key with only the moved
+/// units, and the recovery's check, finding a stock key, never rebuilt the bucket. The give is
+/// refused and the transfer stays in flight for the recovery.
+#[tokio::test(start_paused = true)]
+async fn a_transfer_never_gives_into_a_lost_stock_key() {
+    let w = World::new(20, 2, 0);
+    let api = w.api(1);
+    api.create(&w.activity).await.unwrap();
+    let stock = seckill_engine::adapters::script::stock_key(A, BucketNo(1));
+    w.cache
+        .conn()
+        .inner
+        .command(&[b"DEL".to_vec(), stock.into_bytes()]);
+    let t = seckill_engine::ports::Transfer {
+        id: "t1".into(),
+        from: BucketNo(0),
+        to: BucketNo(1),
+        units: 3,
+    };
+    assert!(w.cache.take(&w.plan, &t).await.unwrap());
+    assert!(
+        w.cache.give(&w.plan, &t).await.is_err(),
+        "gated: the bucket is the recovery's"
+    );
+    let view = w.cache.summary(&w.plan).await.unwrap();
+    assert_eq!(
+        view.buckets[1].stock, None,
+        "no stock key made of the moved units alone"
+    );
+    assert!(jobs::needs_recovery(&w.cache, &w.plan).await.unwrap().is_some());
+}
+
 /// Two runners detect the same loss: one claims, the other backs off; a runner whose claim was
 /// taken over can rebuild nothing (the gates carry the new fence).
 #[tokio::test(start_paused = true)]
