@@ -142,9 +142,17 @@ thread_local! {
     static STALLS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Enable the fault points for runs on this thread, drawing from `seed` (`None`: off).
-pub fn enable_stalls(seed: Option<u64>) {
+thread_local! {
+    /// The long fault points (`stall_once`) that fired in this run: one bit per site.
+    static FIRED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Enable the fault points for runs on this thread, drawing from `seed` (`None`: off), the long
+/// ones (`stall_once`) too if `long`.
+pub fn enable_stalls(seed: Option<u64>, long: bool) {
     STALLS.with(|s| s.set(seed.map_or(0, |x| x | 1)));
+    // Off: every site counts as fired already.
+    FIRED.with(|f| f.set(if long { 0 } else { u64::MAX }));
 }
 
 fn draw() -> Option<u64> {
@@ -169,6 +177,23 @@ pub async fn stall(one_in: u64, max: std::time::Duration) {
     if x % one_in != 0 {
         return;
     }
+    let ms = (x >> 20) % (max.as_millis() as u64).max(1);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
+
+/// A long fault point: like `stall`, but it fires at most once per run at `site` (0..64) — a
+/// stall far past a lease, at most once, so the process that takes over can finish (a stall
+/// there at every pass would keep any recovery from ever finishing: no bug, a livelock of the
+/// fault itself).
+pub async fn stall_once(site: u32, one_in: u64, max: std::time::Duration) {
+    if FIRED.with(|f| f.get()) & (1 << site) != 0 {
+        return;
+    }
+    let Some(x) = draw() else { return };
+    if x % one_in != 0 {
+        return;
+    }
+    FIRED.with(|f| f.set(f.get() | 1 << site));
     let ms = (x >> 20) % (max.as_millis() as u64).max(1);
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }

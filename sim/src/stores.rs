@@ -96,6 +96,11 @@ pub struct RedisStore {
     pub adopted_at: Mutex<BTreeMap<String, Duration>>,
     /// When the node last restarted (`None`: never): what it wrote before may be lost.
     pub restarted_at: Mutex<Option<Duration>>,
+    /// When the nemesis last deleted a key (`RedisKeyLost`): a loss without a restart.
+    pub key_lost_at: Mutex<Option<Duration>>,
+    /// A stock key to lose when a write of it arrives, after the writer's check found it: a
+    /// warmup's (`Some(key)`, that key) or a transfer's give (`None`: the next give's target).
+    pub lose_at_write: Mutex<Option<Option<String>>>,
     _alive: Alive,
 }
 
@@ -126,8 +131,16 @@ impl RedisStore {
             lost_outbox: Mutex::default(),
             adopted_at: Mutex::default(),
             restarted_at: Mutex::default(),
+            key_lost_at: Mutex::default(),
+            lose_at_write: Mutex::default(),
             _alive: Alive::new(),
         }
+    }
+
+    /// Delete `key` (a loss without a restart: eviction, a failover that lost it).
+    pub fn lose_key(&self, key: &str, at: Duration) {
+        self.model.command(&[b"DEL".to_vec(), key.as_bytes().to_vec()]);
+        *self.key_lost_at.lock().expect("key lost") = Some(at);
     }
 
     pub fn set_restart_mode(&self, mode: Persistence) {
@@ -169,6 +182,27 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
             if chance(f.knobs().redis_slow_script) {
                 f.fired("redis_slow_script");
                 tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            // warmup.lua's bucket op (KEYS stock, gate) and transfer.lua's give (KEYS stock,
+            // xfer, gate): the only scripts with these first arguments and key counts.
+            let writer = match (req.args.first().map(String::as_str), req.keys.len()) {
+                (Some("bucket"), 2) => Some("a warmup"),
+                (Some("give"), 3) => Some("a transfer's give"),
+                _ => None,
+            };
+            if let Some(writer) = writer {
+                let mut armed = s.lose_at_write.lock().expect("lose at write");
+                let hit = match armed.as_ref() {
+                    Some(Some(key)) => writer == "a warmup" && req.keys[0] == *key,
+                    Some(None) => writer == "a transfer's give",
+                    None => false,
+                };
+                if hit {
+                    *armed = None;
+                    f.fired("redis_key_lost");
+                    f.event(format!("redis: {} lost as {writer} writes it", req.keys[0]));
+                    s.lose_key(&req.keys[0], f.elapsed());
+                }
             }
             let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
             if let (Reply::Array(items), Some(rid)) = (&reply, req.args.get(1)) {
@@ -269,6 +303,10 @@ impl ScriptConn for SimRedis {
 #[derive(Default)]
 pub struct LedgerLog {
     pub stale: Mutex<Vec<(Duration, ReservationId)>>,
+    /// Orders the ledger created although reserved under an older generation than the
+    /// registry's when the batch arrived (S6 at the ledger): reservation, its generation, the
+    /// registry's. Taken (and reported) by the checker.
+    pub accepted_stale: Mutex<Vec<(ReservationId, u64, u64)>>,
     pub bumps: Mutex<Vec<Duration>>,
     /// Registry writes of an open intent (a resume): when, and the intent's version.
     pub opens: Mutex<Vec<(Duration, u64)>>,
@@ -303,8 +341,36 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
                     "Lock wait timeout exceeded; try restarting transaction",
                 ));
             }
+            // The registry's generation as the batch arrives (in-process, nothing runs between
+            // this read and the apply; a bump in between would only make it lower): an order
+            // reserved under an older one must not be created.
+            let mut current = BTreeMap::new();
+            for r in &req.batch {
+                if let std::collections::btree_map::Entry::Vacant(e) = current.entry(r.activity) {
+                    e.insert(
+                        l.registry(r.activity)
+                            .await
+                            .ok()
+                            .flatten()
+                            .map(|g| g.intent.generation),
+                    );
+                }
+            }
             let out = l.apply(&req.batch).await;
             if let Ok(outcomes) = &out {
+                let accepted_stale = req
+                    .batch
+                    .iter()
+                    .zip(outcomes)
+                    .filter(|(_, o)| **o == ApplyOutcome::Created)
+                    .filter_map(|(r, _)| {
+                        let now = current.get(&r.activity).copied().flatten()?;
+                        (r.generation < now).then_some((r.id, r.generation, now))
+                    });
+                log.accepted_stale
+                    .lock()
+                    .expect("ledger log")
+                    .extend(accepted_stale);
                 let stale = req
                     .batch
                     .iter()

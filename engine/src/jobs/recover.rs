@@ -417,10 +417,14 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         stock: 0,
         rescued,
     };
-    // Fault point: a runner stalled between its snapshot and its rebuild (sales may have gone on
-    // under another runner's reopen meanwhile: only the fence keeps it from writing the past).
+    // Fault points: a runner stalled between its snapshot and its rebuild, once per run long
+    // past its lease (another runner recovers and reopens, sales go on, buckets sell out and
+    // settle meanwhile: only the fence keeps it from writing the past over them).
     #[cfg(madsim)]
-    crate::planted::stall(2, Duration::from_millis(3_000)).await;
+    {
+        crate::planted::stall(2, Duration::from_millis(3_000)).await;
+        crate::planted::stall_once(0, 2, Duration::from_millis(10_000)).await;
+    }
     if unfenced() {
         // Planted: whatever claim closed the gates meanwhile, this runner writes over it.
         cache.close_gates(plan, fence).await?;
@@ -506,12 +510,13 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     }
     // Fault points: a runner stalled between its read of the registry and the reopen (an
     // operator's pause may land meanwhile: only the gates' versions keep it standing), now and
-    // then past its lease (another runner takes over meanwhile: only the fence keeps it from
-    // reopening gates that are another's to reopen).
+    // then past its lease, once per run far past it (another runner takes over meanwhile: only
+    // the fence keeps it from reopening gates that are another's to reopen).
     #[cfg(madsim)]
     {
         crate::planted::stall(1, Duration::from_millis(1_500)).await;
         crate::planted::stall(5, Duration::from_millis(5_000)).await;
+        crate::planted::stall_once(1, 2, Duration::from_millis(8_000)).await;
     }
     for b in plan.all_buckets() {
         if !cache.reopen(plan, b, fence, &target).await? {
