@@ -177,6 +177,11 @@ pub async fn stall(one_in: u64, max: std::time::Duration) {
     if x % one_in != 0 {
         return;
     }
+    sleep_drawn(x, max).await;
+}
+
+/// Sleep for the part of `max` that the draw `x` names.
+async fn sleep_drawn(x: u64, max: std::time::Duration) {
     let ms = (x >> 20) % (max.as_millis() as u64).max(1);
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
@@ -194,6 +199,5 @@ pub async fn stall_once(site: u32, one_in: u64, max: std::time::Duration) {
         return;
     }
     FIRED.with(|f| f.set(f.get() | 1 << site));
-    let ms = (x >> 20) % (max.as_millis() as u64).max(1);
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    sleep_drawn(x, max).await;
 }

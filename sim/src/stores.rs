@@ -98,10 +98,17 @@ pub struct RedisStore {
     pub restarted_at: Mutex<Option<Duration>>,
     /// When the nemesis last deleted a key (`RedisKeyLost`): a loss without a restart.
     pub key_lost_at: Mutex<Option<Duration>>,
-    /// A stock key to lose when a write of it arrives, after the writer's check found it: a
-    /// warmup's (`Some(key)`, that key) or a transfer's give (`None`: the next give's target).
-    pub lose_at_write: Mutex<Option<Option<String>>>,
+    /// A stock key to lose when a write of it arrives, after the writer's check found it.
+    pub lose_at_write: Mutex<Option<LoseAtWrite>>,
     _alive: Alive,
+}
+
+/// Which write a stock key is lost at (`RedisKeyLost` aimed at a writer that checks first).
+pub enum LoseAtWrite {
+    /// A warmup's bucket op on this stock key.
+    Warmup(String),
+    /// The next transfer's give, whichever its target.
+    NextGive,
 }
 
 /// Every open reservation id in a keyspace (the `resv` hashes' fields, pending marks aside).
@@ -185,19 +192,17 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
             }
             // warmup.lua's bucket op (KEYS stock, gate) and transfer.lua's give (KEYS stock,
             // xfer, gate): the only scripts with these first arguments and key counts.
-            let writer = match (req.args.first().map(String::as_str), req.keys.len()) {
-                (Some("bucket"), 2) => Some("a warmup"),
-                (Some("give"), 3) => Some("a transfer's give"),
-                _ => None,
-            };
-            if let Some(writer) = writer {
+            {
                 let mut armed = s.lose_at_write.lock().expect("lose at write");
-                let hit = match armed.as_ref() {
-                    Some(Some(key)) => writer == "a warmup" && req.keys[0] == *key,
-                    Some(None) => writer == "a transfer's give",
-                    None => false,
+                let op = req.args.first().map(String::as_str);
+                let writer = match (armed.as_ref(), op, req.keys.len()) {
+                    (Some(LoseAtWrite::Warmup(key)), Some("bucket"), 2) if req.keys[0] == *key => {
+                        Some("a warmup")
+                    }
+                    (Some(LoseAtWrite::NextGive), Some("give"), 3) => Some("a transfer's give"),
+                    _ => None,
                 };
-                if hit {
+                if let Some(writer) = writer {
                     *armed = None;
                     f.fired("redis_key_lost");
                     f.event(format!("redis: {} lost as {writer} writes it", req.keys[0]));

@@ -1942,7 +1942,13 @@ impl World {
                         tokio::time::sleep(CHECK_EVERY).await;
                     }
                     if racing {
-                        *w.redis.lose_at_write.lock().expect("lose at write") = Some(warmup.then_some(key));
+                        use crate::stores::LoseAtWrite;
+                        let at = if warmup {
+                            LoseAtWrite::Warmup(key)
+                        } else {
+                            LoseAtWrite::NextGive
+                        };
+                        *w.redis.lose_at_write.lock().expect("lose at write") = Some(at);
                         if warmup {
                             w.faults.fired("operator_warmup");
                             w.operator_warmup().await;
