@@ -2,10 +2,12 @@
 -- live on different Redis Cluster nodes, so a transfer is three single-slot steps, each
 -- idempotent by transfer id, recorded in the buckets' xfer hashes:
 --
--- op "take" on the source:  KEYS[1] stock  KEYS[2] xfer  KEYS[3] gate   ARGV: op, tid, units, target bucket
+-- op "take" on the source:  KEYS[1] stock  KEYS[2] xfer  KEYS[3] gate
+--                            ARGV: op, tid, units, target bucket, generation
 --   -> {"taken", units} | {"exists", units} (already taken) | {"short"} (not enough stock)
---    | {"gated"} (the gate is missing, closed or recovering)
---   records xfer "take:<tid>" = "<units>|<target>"
+--    | {"gated"} (the gate is missing, closed or recovering, or of another generation: the
+--      transfer was planned before a recovery, whose rebuild the ledger would refuse it after)
+--   records xfer "take:<tid>" = "<units>|<target>|<generation>"
 -- op "give" on the target:  KEYS[1] stock  KEYS[2] xfer  KEYS[3] gate   ARGV: op, tid, units
 --   -> {"given"} | {"exists"} | {"gated"};  records xfer "give:<tid>" = units
 --   A target without its stock key is gated too: Redis lost that key (its gate is what a
@@ -29,20 +31,24 @@ local units = tonumber(ARGV[3])
 if not units or units < 1 or units ~= math.floor(units) then
   return redis.error_reply("ERR transfer: units must be a positive integer")
 end
-local function gated()
+local function gated(generation)
   local gate = redis.call("GET", KEYS[3])
   if not gate then
     return true
   end
-  local state = string.match(gate, "^(%a+)|")
-  return state == "recovering" or state == "closed"
+  local state, current = string.match(gate, "^(%a+)|%a+|%d+|(%d+)|")
+  return state == "recovering" or state == "closed" or (generation ~= nil and current ~= generation)
 end
 if op == "take" then
+  local generation = ARGV[5]
+  if not generation or not string.match(generation, "^%d+$") then
+    return redis.error_reply("ERR transfer: take wants the gates' generation")
+  end
   local taken = redis.call("HGET", KEYS[2], "take:" .. tid)
   if taken then
     return {"exists", tonumber(string.match(taken, "^(%d+)"))}
   end
-  if gated() then
+  if gated(generation) then
     return {"gated"}
   end
   local stock = tonumber(redis.call("GET", KEYS[1]) or "0")
@@ -50,13 +56,13 @@ if op == "take" then
     return {"short"}
   end
   redis.call("DECRBY", KEYS[1], units)
-  redis.call("HSET", KEYS[2], "take:" .. tid, units .. "|" .. ARGV[4])
+  redis.call("HSET", KEYS[2], "take:" .. tid, units .. "|" .. ARGV[4] .. "|" .. generation)
   return {"taken", units}
 elseif op == "give" then
   if redis.call("HEXISTS", KEYS[2], "give:" .. tid) == 1 then
     return {"exists"}
   end
-  if gated() or redis.call("EXISTS", KEYS[1]) == 0 then
+  if gated(nil) or redis.call("EXISTS", KEYS[1]) == 0 then
     return {"gated"}
   end
   redis.call("INCRBY", KEYS[1], units)

@@ -387,6 +387,7 @@ where
             from: BucketNo(0),
             to: BucketNo(1),
             units: 1,
+            generation: 0,
         };
         assert!(
             !c.take(&plan, &t).await.unwrap(),
@@ -516,6 +517,7 @@ where
             from: BucketNo(0),
             to: BucketNo(1),
             units: 3,
+            generation: 0,
         };
         assert!(c.take(&plan, &t).await.unwrap());
         assert!(c.take(&plan, &t).await.unwrap(), "take is idempotent");
@@ -545,6 +547,32 @@ where
             "given once"
         );
         assert!(view.buckets[0].transfers_in_flight.is_empty(), "acknowledged");
+    }
+
+    // a take is refused under another generation than the gate's, and its mark keeps its own
+    {
+        let c = make().await;
+        let plan = fresh(10, 2, 0);
+        c.warmup(&plan, &intent(ActivityState::Open, 1, 3)).await.unwrap();
+        let t = Transfer {
+            id: "t-g".into(),
+            from: BucketNo(0),
+            to: BucketNo(1),
+            units: 2,
+            generation: 2,
+        };
+        assert!(
+            !c.take(&plan, &t).await.unwrap(),
+            "planned before a recovery: refused"
+        );
+        let t = Transfer { generation: 3, ..t };
+        assert!(c.take(&plan, &t).await.unwrap());
+        let view = c.snapshot(&plan).await.unwrap();
+        assert_eq!(
+            view.buckets[0].transfers_in_flight,
+            vec![t],
+            "the generation reads back"
+        );
     }
 
     // release and settle: each kind, each idempotent.
@@ -921,6 +949,7 @@ where
         from: BucketNo(0),
         to: BucketNo(1),
         units: 4,
+        generation: 0,
     };
     assert!(l.transfer(act.id(), &t).await.unwrap());
     assert!(!l.transfer(act.id(), &t).await.unwrap(), "idempotent by id");
@@ -992,4 +1021,34 @@ where
         l.cancel(payer.id).await.unwrap(),
         CancelOutcome::NotCancellable(OrderStatus::Paid)
     );
+
+    // after a recovery's bump, a transfer taken under the old generation is refused (its take was
+    // undone by the rebuild); one already recorded still answers "done"; a new one goes through
+    assert_eq!(l.bump_generation(act.id()).await.unwrap().generation, 1);
+    let stale = Transfer {
+        id: "t-12".into(),
+        units: 1,
+        ..t.clone()
+    };
+    let refused = l.transfer(act.id(), &stale).await.unwrap_err();
+    assert!(
+        !refused.is_indeterminate() && refused.to_string().contains("generation"),
+        "{refused}"
+    );
+    assert!(
+        !l.transfer(act.id(), &t).await.unwrap(),
+        "t-9 is done, whatever its generation"
+    );
+    assert!(l
+        .transfer(
+            act.id(),
+            &Transfer {
+                generation: 1,
+                ..stale
+            }
+        )
+        .await
+        .unwrap());
+    let view = l.snapshot(act.id()).await.unwrap();
+    assert_eq!((view.buckets[0].remaining, view.buckets[1].remaining), (0, 9));
 }

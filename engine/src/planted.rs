@@ -145,6 +145,24 @@ thread_local! {
 thread_local! {
     /// The long fault points (`stall_once`) that fired in this run: one bit per site.
     static FIRED: Cell<u64> = const { Cell::new(0) };
+    /// Processes asleep at a fault point now (a crash drops the sleep, and the count with it).
+    static STALLED: Cell<u64> = const { Cell::new(0) };
+    /// What the simulation does when a long fault point fires (with its site): aim a fault at
+    /// the window the stall holds open.
+    static ON_LONG_STALL: std::cell::RefCell<Option<LongStallHook>> = const { std::cell::RefCell::new(None) };
+}
+
+type LongStallHook = Box<dyn Fn(u32)>;
+
+/// Call `f` with the site whenever a long fault point (`stall_once`) fires in this run.
+pub fn on_long_stall(f: impl Fn(u32) + 'static) {
+    ON_LONG_STALL.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+}
+
+/// How many processes are asleep at a fault point now: the simulation waits them out before its
+/// final look, so that a zombie's late writes land where the checks can see them.
+pub fn stalled() -> u64 {
+    STALLED.with(|s| s.get())
 }
 
 /// Enable the fault points for runs on this thread, drawing from `seed` (`None`: off), the long
@@ -153,6 +171,8 @@ pub fn enable_stalls(seed: Option<u64>, long: bool) {
     STALLS.with(|s| s.set(seed.map_or(0, |x| x | 1)));
     // Off: every site counts as fired already.
     FIRED.with(|f| f.set(if long { 0 } else { u64::MAX }));
+    STALLED.with(|s| s.set(0));
+    ON_LONG_STALL.with(|h| h.borrow_mut().take());
 }
 
 fn draw() -> Option<u64> {
@@ -182,7 +202,15 @@ pub async fn stall(one_in: u64, max: std::time::Duration) {
 
 /// Sleep for the part of `max` that the draw `x` names.
 async fn sleep_drawn(x: u64, max: std::time::Duration) {
+    struct Asleep;
+    impl Drop for Asleep {
+        fn drop(&mut self) {
+            STALLED.with(|s| s.set(s.get().saturating_sub(1)));
+        }
+    }
     let ms = (x >> 20) % (max.as_millis() as u64).max(1);
+    STALLED.with(|s| s.set(s.get() + 1));
+    let _asleep = Asleep;
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
 
@@ -199,5 +227,6 @@ pub async fn stall_once(site: u32, one_in: u64, max: std::time::Duration) {
         return;
     }
     FIRED.with(|f| f.set(f.get() | 1 << site));
+    ON_LONG_STALL.with(|h| h.borrow().as_ref().map(|f| f(site)));
     sleep_drawn(x, max).await;
 }

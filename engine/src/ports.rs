@@ -209,6 +209,10 @@ pub struct Transfer {
     pub from: BucketNo,
     pub to: BucketNo,
     pub units: u64,
+    /// The generation of the gates it is taken under (DESIGN §11.3): the take refuses another,
+    /// and the ledger refuses a transfer of an older generation than the registry's — a take a
+    /// recovery's rebuild undid (its snapshot came first) must not move its units again.
+    pub generation: u64,
 }
 
 /// What a bucket is rebuilt to after Redis lost data: computed from the ledger.
@@ -368,7 +372,8 @@ pub trait StockCache: Clone + Send + Sync + 'static {
         attempt: ReservationId,
     ) -> impl Future<Output = PortResult<GaveUp>> + Send;
 
-    /// Take `t.units` from `t.from` for a transfer (idempotent by id). `Ok(false)`: not enough stock.
+    /// Take `t.units` from `t.from` for a transfer (idempotent by id). `Ok(false)`: not enough
+    /// stock, or the gate is not open under `t.generation`.
     fn take(&self, plan: &StockPlan, t: &Transfer) -> impl Future<Output = PortResult<bool>> + Send;
 
     /// Give the transfer's units to `t.to` (idempotent by id).
@@ -593,7 +598,8 @@ pub trait Ledger: Clone + Send + Sync + 'static {
 
     /// Move `t.units` of ledger stock between buckets with two `transfer` journal rows; idempotent
     /// by transfer id (`Ok(false)`: already done). The source must have the units, and differ
-    /// from the target.
+    /// from the target. A transfer not done yet whose generation is older than the registry's is
+    /// refused (determinate): a recovery rebuilt the buckets since its take, without it.
     fn transfer(&self, activity: ActivityId, t: &Transfer) -> impl Future<Output = PortResult<bool>> + Send;
 
     /// The user's order in this activity, whatever its status.

@@ -454,6 +454,21 @@ pub fn r1_reconciled(s: &Snapshot) -> Vec<Violation> {
             .map(|r| r.qty)
             .sum();
         let units = sold.get(&b.bucket).copied().unwrap_or(0);
+        // Redis's transfer marks count what moved only if the ledger's journal moved the same: a
+        // take the recovery's rebuild undid (its units back in the source, its mark gone) whose
+        // ledger step and give came after the snapshot has its units in both buckets, and each
+        // bucket's own account above still adds up.
+        let marked = b.transfers_in as i64 - b.transfers_out as i64;
+        if b.ledger_initial.is_some() && marked != b.ledger_transfers_net {
+            out.push(violation(
+                Invariant::R1Reconciled,
+                Some(b.bucket),
+                format!(
+                    "redis's transfer marks net {marked:+} units, the ledger's journal {:+}",
+                    b.ledger_transfers_net
+                ),
+            ));
+        }
         let lhs = stock + open as i64 + units as i64 - b.transfers_in as i64 + b.transfers_out as i64;
         if lhs != b.initial as i64 {
             out.push(violation(
@@ -926,8 +941,19 @@ mod tests {
         s.buckets[0].transfers_out = 2;
         s.buckets[1].redis_stock = Some(6); // ... into bucket 1
         s.buckets[1].transfers_in = 2;
+        (
+            s.buckets[0].ledger_transfers_net,
+            s.buckets[1].ledger_transfers_net,
+        ) = (-2, 2);
         assert_eq!(r1_reconciled(&s), vec![]);
         s.buckets[1].transfers_in = 1;
+        assert_eq!(codes(&r1_reconciled(&s)), vec!["R1", "R1"]);
+        // A take undone by a rebuild (mark gone, units back in the source) whose give came after:
+        // each bucket adds up on its own, but the units are in Redis twice.
+        s.buckets[0].redis_stock = Some(3);
+        s.buckets[0].transfers_out = 0;
+        s.buckets[1].transfers_in = 2;
         assert_eq!(codes(&r1_reconciled(&s)), vec!["R1"]);
+        assert!(r1_reconciled(&s)[0].detail.contains("ledger's journal -2"));
     }
 }

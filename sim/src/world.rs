@@ -1109,6 +1109,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     let mut clients = w.spawn_clients(&Wave::first(&cfg));
     let nemesis = tokio::spawn(w.clone().nemesis());
     let checker = tokio::spawn(w.clone().check_continuously());
+    w.aim_at_long_stalls();
     w.wait_for(&mut clients).await;
     // The nemesis goes on a while past the last click (DESIGN §9 v2: faults through recovery and
     // settle): the world must settle from whatever the last faults leave, not from a quiet end.
@@ -1145,6 +1146,37 @@ pub async fn world(cfg: SimConfig) -> RunReport {
 }
 
 impl World {
+    /// A rebalancer stalled long between its take and its ledger step (the long fault point at
+    /// site 2): where the scenario restarts Redis, Redis restarts under it, so that a recovery
+    /// rebuilds the buckets — the take undone, if Redis lost it or not — before it wakes up and
+    /// goes on with a transfer of the old generation.
+    fn aim_at_long_stalls(self: &Arc<Self>) {
+        let restarts: Vec<Fault> = (self.cfg.scenario.faults().iter().copied())
+            .filter(|f| matches!(f, Fault::RedisRestartVolatile | Fault::RedisRestartAof))
+            .collect();
+        if restarts.is_empty() {
+            return;
+        }
+        // The stall fires inside the jobs node (whose crash would take a task spawned there
+        // with it): the world's own task injects.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        planted::on_long_stall(move |site| {
+            if site == 2 {
+                let _ = tx.send(());
+            }
+        });
+        let w = self.clone();
+        tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(0..500))).await;
+                w.faults
+                    .event("aimed: Redis restarts under a rebalancer stalled after its take".into());
+                let fault = restarts[thread_rng().gen_range(0..restarts.len())];
+                w.inject(fault, Duration::ZERO).await;
+            }
+        });
+    }
+
     fn violated(&self) -> bool {
         self.violated.lock().expect("violated").is_some()
     }
@@ -2260,6 +2292,12 @@ impl World {
 
     /// Why the world is not quiescent yet ("" when it is).
     async fn unsettled(&self) -> String {
+        // A process asleep at a fault point wakes up as a zombie and goes on where it was: the
+        // world is not settled before it did.
+        let stalled = planted::stalled();
+        if stalled > 0 {
+            return format!("{stalled} processes asleep at a fault point");
+        }
         let lag = self.kafka.lag(GROUP);
         if lag > 0 {
             return format!("bus lag {lag}");
@@ -2293,6 +2331,10 @@ impl World {
         let open: usize = view.buckets.iter().map(|b| b.open.len() + b.pending.len()).sum();
         if open > 0 {
             return format!("{open} reservations or pending marks open");
+        }
+        let moving: usize = view.buckets.iter().map(|b| b.transfers_in_flight.len()).sum();
+        if moving > 0 {
+            return format!("{moving} transfers in flight");
         }
         let released: std::collections::BTreeSet<_> = view
             .buckets

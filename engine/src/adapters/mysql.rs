@@ -10,7 +10,7 @@
 //! `Indeterminate`. Queries are built at run time (no `query!` macros): the crate builds without
 //! a live database.
 
-use crate::adapters::embedded::ledger::check_intent;
+use crate::adapters::embedded::ledger::{check_intent, stale_transfer};
 use crate::domain::{
     Activity, ActivityId, ActivitySpec, ActivityState, BucketNo, Reservation, ReservationId, StockPlan,
     UserId,
@@ -513,6 +513,16 @@ impl MysqlLedger {
         .await?;
         if done.is_some() {
             return Ok(false);
+        }
+        // The generation under a shared lock held to COMMIT, as for an order: a recovery's bump
+        // waits for this transfer, so its snapshot holds it or it is refused here.
+        let current: Option<(u64,)> =
+            sqlx::query_as("SELECT generation FROM activity WHERE id = ? LOCK IN SHARE MODE")
+                .bind(activity.0)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some((current,)) = current.filter(|(g,)| t.generation < *g) {
+            return Err(refused(stale_transfer(t, current)));
         }
         let taken = sqlx::query(
             "UPDATE stock_bucket SET remaining = remaining - ? WHERE activity_id = ? AND bucket_no = ? AND remaining >= ?",

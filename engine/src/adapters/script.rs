@@ -498,7 +498,14 @@ pub fn decode_bucket<'a>(
         } else if field.starts_with("give:") {
             out.transfers_in += units(value)?;
         } else if let Some(tid) = field.strip_prefix("take:") {
-            let (n, to) = value.split_once('|').ok_or_else(|| unparsable("xfer", value))?;
+            // "<units>|<target>|<generation>"; a take recorded before transfers carried their
+            // generation reads as generation 0, as a v1 order message does.
+            let mut parts = value.split('|');
+            let (Some(n), Some(to), generation, None) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                return Err(unparsable("xfer", value));
+            };
             let n = units(n)?;
             out.transfers_out += n;
             out.transfers_in_flight.push(Transfer {
@@ -506,6 +513,7 @@ pub fn decode_bucket<'a>(
                 from: b,
                 to: BucketNo(to.parse().map_err(|_| unparsable("xfer", value))?),
                 units: n,
+                generation: generation.map_or(Ok(0), units)?,
             });
         } else if let Some(tid) = field.strip_prefix("ack:") {
             acked.insert(tid.to_string());
@@ -924,7 +932,13 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             xfer_key(plan.activity, t.from),
             gate_key(plan.activity, t.from),
         ];
-        let args = vec!["take".into(), t.id.clone(), t.units.to_string(), t.to.to_string()];
+        let args = vec![
+            "take".into(),
+            t.id.clone(),
+            t.units.to_string(),
+            t.to.to_string(),
+            t.generation.to_string(),
+        ];
         let reply = self.run("take", Script::Transfer, keys, args).await?;
         match tagged("take", &reply)? {
             ("taken", [Reply::Int(_)]) => Ok(true),
@@ -1019,7 +1033,10 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         }
         // The journal's transfers, each as completed on its side.
         for t in &image.transfers_out {
-            args.extend([format!("take:{}", t.id), format!("{}|{}", t.units, t.to)]);
+            args.extend([
+                format!("take:{}", t.id),
+                format!("{}|{}|{}", t.units, t.to, t.generation),
+            ]);
             args.extend([format!("ack:{}", t.id), "1".into()]);
         }
         for t in &image.transfers_in {

@@ -53,6 +53,15 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
     if !healthy {
         return Ok(Vec::new());
     }
+    // The source's gate generation goes with the transfer: the take refuses another, the ledger
+    // an older one than the registry's (a recovery between this look and the take).
+    let generation = |b: BucketNo| {
+        view.buckets
+            .iter()
+            .find(|v| v.bucket == b)
+            .and_then(|v| v.gate.as_ref())
+            .map_or(0, |g| g.generation)
+    };
     // Business buckets only: the fallback already serves everyone.
     let mut stock: Vec<(BucketNo, u64)> = view
         .buckets
@@ -74,14 +83,20 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
             from,
             to,
             units: (units / 2).max(1),
+            generation: generation(from),
         };
         if !cache.take(plan, &t).await? {
             continue; // sold meanwhile
         }
-        // Fault point: a runner stalled between take and give (the units are in neither bucket:
-        // the reconciler may finish the transfer meanwhile, and this runner then finishes it too).
+        // Fault points: a runner stalled between take and give (the units are in neither bucket:
+        // the reconciler may finish the transfer meanwhile, and this runner then finishes it too);
+        // once per run (site 2, at the first take) long enough for a recovery to rebuild the
+        // buckets in between (the simulation aims a Redis loss at it).
         #[cfg(madsim)]
-        crate::planted::stall(10, std::time::Duration::from_millis(1_500)).await;
+        {
+            crate::planted::stall(10, std::time::Duration::from_millis(1_500)).await;
+            crate::planted::stall_once(2, 1, std::time::Duration::from_millis(8_000)).await;
+        }
         finish(cache, ledger, plan, &t).await?;
         for (b, s) in stock.iter_mut() {
             if *b == from {

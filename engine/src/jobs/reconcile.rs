@@ -362,6 +362,7 @@ async fn planted_reset<C: StockCache>(
             from,
             to,
             units,
+            generation: gate.generation,
         })
     };
     let image = crate::ports::BucketImage {

@@ -429,7 +429,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         // Planted: whatever claim closed the gates meanwhile, this runner writes over it.
         cache.close_gates(plan, fence).await?;
     }
-    let transfers = journaled_transfers(&db.journal);
+    let transfers = journaled_transfers(&db.journal, intent.generation);
     for row in &db.buckets {
         let b = row.bucket;
         let mut buyers: BTreeSet<UserId> = BTreeSet::new();
@@ -544,8 +544,9 @@ fn unfenced() -> bool {
 }
 
 /// The journal's transfers: each id with the bucket it left and the bucket it reached (its two
-/// rows: the negative one on the source, the positive one on the target).
-fn journaled_transfers(journal: &[crate::ports::JournalEntry]) -> Vec<Transfer> {
+/// rows: the negative one on the source, the positive one on the target), as held in the image
+/// of `generation` (the ledger has them: no generation check ever refuses them again).
+fn journaled_transfers(journal: &[crate::ports::JournalEntry], generation: u64) -> Vec<Transfer> {
     let rows = || journal.iter().filter(|j| j.kind == JournalKind::Transfer);
     let to: BTreeMap<&str, crate::domain::BucketNo> = rows()
         .filter(|j| j.delta > 0)
@@ -559,6 +560,7 @@ fn journaled_transfers(journal: &[crate::ports::JournalEntry]) -> Vec<Transfer> 
                 from: j.bucket,
                 to: *to.get(j.reference.as_str())?,
                 units: j.delta.unsigned_abs(),
+                generation,
             })
         })
         .collect()

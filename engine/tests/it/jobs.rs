@@ -398,6 +398,7 @@ async fn a_transfer_cut_after_its_take_is_finished_by_the_reconciler_once() {
         from: BucketNo(1),
         to: BucketNo(0),
         units: 4,
+        generation: 0,
     };
     assert!(rig.cache.take(&rig.plan, &t).await.unwrap());
     assert!(rig.cache.take(&rig.plan, &t).await.unwrap(), "take is idempotent");

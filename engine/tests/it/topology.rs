@@ -236,6 +236,7 @@ async fn a_transfer_never_gives_into_a_lost_stock_key() {
         from: BucketNo(0),
         to: BucketNo(1),
         units: 3,
+        generation: 0,
     };
     assert!(w.cache.take(&w.plan, &t).await.unwrap());
     assert!(
@@ -248,6 +249,77 @@ async fn a_transfer_never_gives_into_a_lost_stock_key() {
         "no stock key made of the moved units alone"
     );
     assert!(jobs::needs_recovery(&w.cache, &w.plan).await.unwrap().is_some());
+}
+
+/// A rebalancer stalled between its take and its ledger step while a recovery ran: the
+/// recovery's snapshot lacked the transfer, so its rebuild put the taken units back in the source
+/// and dropped the take's mark. Waking up, the runner recorded the transfer in the ledger and
+/// gave the units to the target: 23 units in Redis of 20 (each bucket's own account still added
+/// up). The transfer carries the generation it was taken under, and the ledger refuses it.
+#[tokio::test(start_paused = true)]
+async fn a_transfer_taken_before_a_recovery_is_refused_after_it() {
+    let w = World::new(20, 2, 0);
+    let api = w.api(1);
+    api.create(&w.activity).await.unwrap();
+    let t = seckill_engine::ports::Transfer {
+        id: "t1".into(),
+        from: BucketNo(0),
+        to: BucketNo(1),
+        units: 3,
+        generation: 0,
+    };
+    assert!(w.cache.take(&w.plan, &t).await.unwrap());
+    // Redis loses bucket 1's gate: the recovery rebuilds every bucket from the ledger.
+    let gate = seckill_engine::adapters::script::gate_key(A, BucketNo(1));
+    w.cache
+        .conn()
+        .inner
+        .command(&[b"DEL".to_vec(), gate.into_bytes()]);
+    assert!(matches!(w.recover("r1").await, Recovery::Recovered(r) if r.generation == 1));
+    let stocks = |view: seckill_engine::ports::CacheView| -> Vec<Option<i64>> {
+        view.buckets.iter().map(|b| b.stock).collect()
+    };
+    assert_eq!(
+        stocks(w.cache.summary(&w.plan).await.unwrap()),
+        vec![Some(10), Some(10), Some(0)]
+    );
+
+    let woke = jobs::rebalance::finish(&w.cache, &w.ledger, &w.plan, &t).await;
+    let e = woke.expect_err("the ledger refuses a transfer of the old generation");
+    assert!(e.to_string().contains("generation"), "{e}");
+    assert_eq!(
+        stocks(w.cache.summary(&w.plan).await.unwrap()),
+        vec![Some(10), Some(10), Some(0)],
+        "no units given"
+    );
+    assert_eq!(w.violations().await, Vec::<String>::new());
+    // A take planned before the recovery and arriving after it is refused by the gate.
+    assert!(!w
+        .cache
+        .take(
+            &w.plan,
+            &seckill_engine::ports::Transfer {
+                id: "t2".into(),
+                ..t.clone()
+            }
+        )
+        .await
+        .unwrap());
+    // Under the new generation the transfer goes through.
+    let t3 = seckill_engine::ports::Transfer {
+        id: "t3".into(),
+        generation: 1,
+        ..t
+    };
+    assert!(w.cache.take(&w.plan, &t3).await.unwrap());
+    jobs::rebalance::finish(&w.cache, &w.ledger, &w.plan, &t3)
+        .await
+        .unwrap();
+    assert_eq!(
+        stocks(w.cache.summary(&w.plan).await.unwrap()),
+        vec![Some(7), Some(13), Some(0)]
+    );
+    assert_eq!(w.violations().await, Vec::<String>::new());
 }
 
 /// Two runners detect the same loss: one claims, the other backs off; a runner whose claim was

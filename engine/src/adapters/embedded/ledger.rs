@@ -146,6 +146,16 @@ pub fn check_intent(state: ActivityState) -> PortResult<()> {
     }
 }
 
+/// Why a transfer of an older generation than the registry's `current` is refused (every ledger
+/// says it so).
+pub fn stale_transfer(t: &Transfer, current: u64) -> String {
+    format!(
+        "generation: transfer {} was taken under generation {}, the registry is at {current} \
+         (a recovery rebuilt the buckets since, without it)",
+        t.id, t.generation
+    )
+}
+
 impl Ledger for EmbeddedLedger {
     async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
         let mut st = self.lock();
@@ -214,6 +224,11 @@ impl Ledger for EmbeddedLedger {
         });
         if done {
             return Ok(false);
+        }
+        if let Some(current) = st.activities.get(&activity).map(|a| a.intent.generation) {
+            if t.generation < current {
+                return Err(PortError::determinate("transfer", stale_transfer(t, current)));
+            }
         }
         let units = t.units as i64;
         match st.buckets.get(&(activity, t.from)) {

@@ -217,6 +217,7 @@ async fn run_cache_ops<C: ScriptConn>(
         from: BucketNo(from),
         to: BucketNo(to),
         units,
+        generation: 0,
     };
     for (i, op) in ops.iter().enumerate() {
         let line = match op {
@@ -504,6 +505,7 @@ async fn run_ledger_ops<L: Ledger>(ledger: &L, a: &Activity, ops: &[LedgerOp]) -
                     from: BucketNo(*from),
                     to: BucketNo(*to),
                     units: *units,
+                    generation: 0,
                 };
                 outcome(&ledger.transfer(id, &t).await)
             }
