@@ -884,13 +884,17 @@ impl Wave {
     }
 
     /// Buyers after a recovery: a fifth as many new users (ids the workload never draws), one
-    /// click each, over half the sale's length.
-    fn late(cfg: &SimConfig) -> Self {
+    /// click each, over half the sale's length — and every user whose order failed, trying again
+    /// (a stale order the ledger refused after the rebuild left its user unmarked in Redis: the
+    /// reserve succeeds, the ledger refuses the second order, and its units must go back).
+    fn late(cfg: &SimConfig, failed: impl IntoIterator<Item = UserId>) -> Self {
+        let mut clicks: Vec<UserId> = (0..cfg.users / 5).map(|i| UserId(3_000_000_000 + i)).collect();
+        clicks.extend(failed);
         Wave {
             name: "late-client",
             net: "10.0.6",
             window_ms: cfg.sale_ms / 2,
-            clicks: (0..cfg.users / 5).map(|i| UserId(3_000_000_000 + i)).collect(),
+            clicks,
         }
     }
 }
@@ -1130,7 +1134,11 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     // after its clients stopped.
     if drained && !w.violated() && !w.ledger_log.bumps.lock().expect("ledger log").is_empty() {
         w.faults.event("late wave: buyers after the recovery".into());
-        let mut late = w.spawn_clients(&Wave::late(&cfg));
+        let db = w.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
+        let failed = (db.orders.iter())
+            .filter(|o| o.status == seckill_engine::ports::OrderStatus::Failed)
+            .map(|o| o.reservation.user);
+        let mut late = w.spawn_clients(&Wave::late(&cfg, failed));
         w.wait_for(&mut late).await;
         clients.extend(late);
         if !w.violated() {
@@ -1871,7 +1879,8 @@ impl World {
                     f.event(format!("redis down for {down} ms"));
                     tokio::time::sleep(Duration::from_millis(down)).await;
                 }
-                self.handle.restart(self.redis_node.id());
+                // Killed again: an aimed restart may have brought it back meanwhile.
+                self.reboot(self.redis_node.id());
             }
             Fault::RedisPartition => {
                 f.fired("redis_partition");
