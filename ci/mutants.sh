@@ -138,7 +138,7 @@ while IFS= read -r m; do
   elif soak 0 "$first" && { [ "$seeds" -le "$first" ] || soak "$first" $((seeds - first)); }; then
     verdict="SURVIVED"; survivors+=("$id ($file)")
   else
-    verdict="killed: $(grep -m1 -E '^(violated|  [a-z-]+ seed|sweep)' "$work/$id.log" || grep -m1 'failed' "$work/$id.log" || echo 'soak failed')"
+    verdict="killed: $(grep -m1 -E '^(violated|  [a-z-]+ seed|sweep)' "$work/$id.log" || grep -m1 'failed: [1-9]' "$work/$id.log" || echo 'soak failed')"
     killed=$((killed + 1))
   fi
   cp "$work/pristine" "$tree/$file"
