@@ -92,18 +92,13 @@ pub fn api_role<C: StockCache, B: OrderBus, L: Ledger>(
     bus: B,
     ledger: L,
     clock: Clock,
+    purchase: PurchaseConfig,
     recovery: RecoveryConfig,
     rng: &mut impl RngCore,
 ) -> ApiRole<C, B, L> {
     let mut service_rng = StdRng::seed_from_u64(rng.next_u64());
     ApiRole {
-        service: PurchaseService::new(
-            cache.clone(),
-            bus.clone(),
-            clock,
-            PurchaseConfig::default(),
-            &mut service_rng,
-        ),
+        service: PurchaseService::new(cache.clone(), bus.clone(), clock, purchase, &mut service_rng),
         cache,
         bus,
         ledger,

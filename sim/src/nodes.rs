@@ -13,7 +13,7 @@ use seckill_engine::domain::{Activity, StockPlan};
 use seckill_engine::jobs::{RebalanceConfig, ReconcileConfig, Recovery, RecoveryConfig};
 use seckill_engine::ports::Ledger;
 use seckill_engine::roles::{self, ActivityPass, JobsConfig};
-use seckill_engine::service::order_status;
+use seckill_engine::service::{order_status, PurchaseConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +60,10 @@ pub struct Timings {
     /// void (when the give-up went by age alone, rebalancing seed 1019 at 1.3 s left a fallback
     /// unit without its own-bucket mark: S2 in Redis).
     pub pending_after_ms: u64,
+    /// How long an API node answers a bucket found empty "sold out" from memory (production's
+    /// default is 200 ms; an operator shedding load sets seconds). Only the rebalancer's
+    /// announcement makes moved units sellable sooner.
+    pub sold_out_recheck_ms: u64,
 }
 
 impl Timings {
@@ -73,6 +77,7 @@ impl Timings {
             lease_ms: rng.gen_range(1_500..=5_000),
             republish_after_ms: rng.gen_range(500..=2_500),
             pending_after_ms: rng.gen_range(1_000..=2_500),
+            sold_out_recheck_ms: rng.gen_range(100..=3_000),
         }
     }
 
@@ -104,6 +109,9 @@ pub async fn engine_main(p: EngineParams) {
         bus,
         ledger,
         clock,
+        PurchaseConfig {
+            sold_out_recheck_ms: p.timings.sold_out_recheck_ms,
+        },
         p.timings.recovery(),
         &mut rng,
     ));

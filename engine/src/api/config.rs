@@ -26,6 +26,10 @@ pub struct ServeConfig {
     pub token_secret: Option<String>,
     pub token_ttl_ms: u64,
     pub request_timeout: Duration,
+    /// How long a bucket found empty is answered "sold out" from memory before Redis is asked
+    /// again. Units a rebalancing moves are sold at the next registry refresh whatever this is;
+    /// units given back (cancels, failed publishes) wait up to this long.
+    pub sold_out_recheck_ms: u64,
     pub body_limit_bytes: usize,
     /// The header a trusted proxy appends the client address to (`x-forwarded-for`).
     pub trusted_proxy_header: Option<String>,
@@ -56,6 +60,7 @@ impl Default for ServeConfig {
             token_ttl_ms: 30_000,
             // Longer than the producer's delivery timeout (3 s): a slow bus still answers "queued".
             request_timeout: Duration::from_millis(5_000),
+            sold_out_recheck_ms: crate::service::PurchaseConfig::default().sold_out_recheck_ms,
             body_limit_bytes: 4_096,
             trusted_proxy_header: None,
             trusted_proxies: Vec::new(),
@@ -110,6 +115,7 @@ struct FileConfig {
     token_secret: Option<String>,
     token_ttl_ms: Option<u64>,
     request_timeout_ms: Option<u64>,
+    sold_out_recheck_ms: Option<u64>,
     body_limit_bytes: Option<u64>,
     trusted_proxy_header: Option<String>,
     trusted_proxies: Option<Vec<String>>,
@@ -336,6 +342,15 @@ impl ServeConfig {
                 10..=60_000,
                 d.request_timeout.as_millis() as u64,
             )?),
+            sold_out_recheck_ms: num(
+                Setting {
+                    key: "sold_out_recheck_ms",
+                    var: "SECKILL_SOLD_OUT_RECHECK_MS",
+                    file: f.sold_out_recheck_ms,
+                },
+                10..=60_000,
+                d.sold_out_recheck_ms,
+            )?,
             body_limit_bytes: num(
                 Setting {
                     key: "body_limit_bytes",
@@ -445,6 +460,7 @@ mod tests {
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.rate.per_user_per_sec, 3);
         assert_eq!(c.token_ttl_ms, 30_000);
+        assert_eq!(c.sold_out_recheck_ms, 200);
         let c = load(
             "listen = \"127.0.0.1:9000\"",
             &[("SECKILL_LISTEN", "127.0.0.1:9100")],
@@ -467,6 +483,11 @@ mod tests {
             "SECKILL_RATE_PER_IP_PER_SEC"
         );
         assert_eq!(key("token_ttl_ms = 5", &[]), "token_ttl_ms");
+        assert_eq!(key("sold_out_recheck_ms = 0", &[]), "sold_out_recheck_ms");
+        assert_eq!(
+            key("", &[("SECKILL_SOLD_OUT_RECHECK_MS", "600001")]),
+            "SECKILL_SOLD_OUT_RECHECK_MS"
+        );
         assert_eq!(key("admin_token = \"short\"", &[]), "admin_token");
         assert_eq!(
             key("", &[("SECKILL_TOKEN_SECRET", "short")]),

@@ -14,6 +14,7 @@ use crate::jobs::{RebalanceConfig, ReconcileConfig, RecoveryConfig};
 use crate::ports::{Ledger, OrderBus, StockCache};
 use crate::roles::{self, JobsConfig};
 use crate::service::consumer::{DEFAULT_MAX_BATCH, ORDER_GROUP};
+use crate::service::PurchaseConfig;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -180,7 +181,17 @@ pub fn api<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         }
     };
     Ok(Arc::new(Api {
-        core: roles::api_role(stores.cache, stores.bus, stores.ledger, clock, recovery(), rng),
+        core: roles::api_role(
+            stores.cache,
+            stores.bus,
+            stores.ledger,
+            clock,
+            PurchaseConfig {
+                sold_out_recheck_ms: cfg.sold_out_recheck_ms,
+            },
+            recovery(),
+            rng,
+        ),
         roles: cfg.roles,
         nonces: stores.nonces,
         signer,

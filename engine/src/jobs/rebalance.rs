@@ -20,7 +20,10 @@ impl Default for RebalanceConfig {
     }
 }
 
-/// Complete one transfer from wherever it stopped; every step is idempotent.
+/// Complete one transfer from wherever it stopped; every step is idempotent. The last one
+/// announces the move (the meta's `moves`): an API process that answers the target bucket "sold
+/// out" from memory forgets that at its next refresh instead of after its recheck period — the
+/// rebalancer's transfers and those the reconciler finishes for a runner that died alike.
 pub async fn finish<C: StockCache, L: Ledger>(
     cache: &C,
     ledger: &L,
@@ -29,7 +32,8 @@ pub async fn finish<C: StockCache, L: Ledger>(
 ) -> PortResult<()> {
     ledger.transfer(plan.activity, t).await?;
     cache.give(plan, t).await?;
-    cache.ack(plan, t).await
+    cache.ack(plan, t).await?;
+    cache.note_moves(plan.activity).await
 }
 
 /// One pass: the transfers it completed. `runner` is this process's random id (from its seeded
@@ -106,9 +110,6 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
             }
         }
         done.push(t);
-    }
-    if !done.is_empty() {
-        cache.note_moves(plan.activity).await?;
     }
     Ok(done)
 }

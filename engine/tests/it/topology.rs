@@ -12,7 +12,7 @@ use seckill_engine::jobs::{self, Recovery, RecoveryConfig};
 use seckill_engine::ports::{ApplyOutcome, Ledger, OrderBus, OrderStatus, ReserveOutcome, StockCache};
 use seckill_engine::roles::{self, ApiRole};
 use seckill_engine::service::admin::{AdminError, Warmed};
-use seckill_engine::service::{audit, OrderConsumer, PurchaseOutcome};
+use seckill_engine::service::{audit, OrderConsumer, PurchaseConfig, PurchaseOutcome};
 use std::time::Duration;
 
 const A: ActivityId = ActivityId(3);
@@ -53,11 +53,16 @@ impl World {
 
     /// One more API process on the same stores (its own cache of activities, its own ids).
     fn api(&self, seed: u64) -> ApiRole<TestCache, TestBus, EmbeddedLedger> {
+        self.api_with(seed, PurchaseConfig::default())
+    }
+
+    fn api_with(&self, seed: u64, purchase: PurchaseConfig) -> ApiRole<TestCache, TestBus, EmbeddedLedger> {
         roles::api_role(
             self.cache.clone(),
             self.bus.clone(),
             self.ledger.clone(),
             Clock::new(1_500, tokio::time::Instant::now()),
+            purchase,
             recovery(),
             &mut rand::rngs::StdRng::seed_from_u64(seed),
         )
@@ -319,6 +324,57 @@ async fn a_transfer_taken_before_a_recovery_is_refused_after_it() {
         stocks(w.cache.summary(&w.plan).await.unwrap()),
         vec![Some(7), Some(13), Some(0)]
     );
+    assert_eq!(w.violations().await, Vec::<String>::new());
+}
+
+/// A bucket an API process found empty is answered "sold out" from memory for its recheck period
+/// (a minute here). Units moved into it are sold at the process's next refresh all the same —
+/// also when the transfer was left half-done by a rebalancer that died after its take and the
+/// reconciler finished it: every finished transfer announces the move.
+#[tokio::test(start_paused = true)]
+async fn units_a_reconciler_moves_into_a_bucket_known_sold_out_are_sold_at_the_next_refresh() {
+    let w = World::new(4, 2, 0);
+    let api = w.api_with(
+        1,
+        PurchaseConfig {
+            sold_out_recheck_ms: 60_000,
+        },
+    );
+    api.create(&w.activity).await.unwrap();
+    let users = users_in(&w.plan, BucketNo(1), 4);
+    for u in &users[..2] {
+        assert!(matches!(buy(&api, *u).await, PurchaseOutcome::Queued(_)));
+    }
+    assert_eq!(buy(&api, users[2]).await, PurchaseOutcome::SoldOut);
+    // A rebalancer took one unit of bucket 0 for bucket 1 and died; the reconciler finishes it.
+    let t = seckill_engine::ports::Transfer {
+        id: "t1".into(),
+        from: BucketNo(0),
+        to: BucketNo(1),
+        units: 1,
+        generation: 0,
+    };
+    assert!(w.cache.take(&w.plan, &t).await.unwrap());
+    let report = jobs::reconcile(
+        &w.cache,
+        &w.ledger,
+        &w.bus,
+        &w.plan,
+        1_500,
+        &jobs::ReconcileConfig::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.transfers_finished, 1);
+    assert_eq!(
+        buy(&api, users[2]).await,
+        PurchaseOutcome::SoldOut,
+        "until the refresh, memory answers"
+    );
+    api.refresh().await.unwrap();
+    assert!(matches!(buy(&api, users[2]).await, PurchaseOutcome::Queued(_)));
+    assert_eq!(buy(&api, users[3]).await, PurchaseOutcome::SoldOut);
+    w.drain().await;
     assert_eq!(w.violations().await, Vec::<String>::new());
 }
 
