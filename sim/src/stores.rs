@@ -96,6 +96,11 @@ pub struct RedisStore {
     pub adopted_at: Mutex<BTreeMap<String, Duration>>,
     /// When the node last restarted (`None`: never): what it wrote before may be lost.
     pub restarted_at: Mutex<Option<Duration>>,
+    /// Per stock key, the units restarts gave back to it: what it came back with above what it
+    /// held when it went down (a key it did not hold counts whole), summed over restarts. Redis
+    /// never holds more than the ledger can sell otherwise (takes and reserves come before the
+    /// ledger's step, gives after it), so no more orders of a bucket can fail for want of a unit.
+    pub overstated: Mutex<BTreeMap<String, u64>>,
     /// When the nemesis last deleted a key (`RedisKeyLost`): a loss without a restart.
     pub key_lost_at: Mutex<Option<Duration>>,
     /// A stock key to lose when a write of it arrives, after the writer's check found it.
@@ -109,6 +114,21 @@ pub enum LoseAtWrite {
     Warmup(String),
     /// The next transfer's give, whichever its target.
     NextGive,
+}
+
+/// Every stock key in a keyspace, with its units.
+fn stocks(ks: &Keyspace) -> BTreeMap<String, i64> {
+    use seckill_engine::adapters::embedded::Value;
+    ks.iter()
+        .filter(|(k, _)| k.ends_with(b":stock"))
+        .filter_map(|(k, v)| match v {
+            Value::Str(units) => Some((
+                String::from_utf8_lossy(k).into_owned(),
+                std::str::from_utf8(units).ok()?.parse().ok()?,
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Every open reservation id in a keyspace (the `resv` hashes' fields, pending marks aside).
@@ -138,6 +158,7 @@ impl RedisStore {
             lost_outbox: Mutex::default(),
             adopted_at: Mutex::default(),
             restarted_at: Mutex::default(),
+            overstated: Mutex::default(),
             key_lost_at: Mutex::default(),
             lose_at_write: Mutex::default(),
             _alive: Alive::new(),
@@ -158,13 +179,19 @@ impl RedisStore {
 /// The Redis node's main: runs on every (re)start of the node.
 pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
     if store.starts.fetch_add(1, Ordering::SeqCst) > 0 {
-        let before = store.model.read(outbox);
+        let (before, stock_before) = store.model.read(|ks| (outbox(ks), stocks(ks)));
         let mode = *store.restart_mode.lock().expect("mode");
         match mode {
             Persistence::Volatile => store.model.flush_all(),
             Persistence::Aof => store.model.restore(store.aof.lock().expect("aof").clone()),
         }
-        let after = store.model.read(outbox);
+        let (after, stock_after) = store.model.read(|ks| (outbox(ks), stocks(ks)));
+        let mut overstated = store.overstated.lock().expect("overstated");
+        for (key, units) in stock_after {
+            let gained = (units - stock_before.get(&key).copied().unwrap_or(0)).max(0) as u64;
+            *overstated.entry(key).or_default() += gained;
+        }
+        drop(overstated);
         let at = faults.elapsed();
         *store.restarted_at.lock().expect("restarted") = Some(at);
         store
@@ -313,6 +340,8 @@ pub struct LedgerLog {
     /// registry's. Taken (and reported) by the checker.
     pub accepted_stale: Mutex<Vec<(ReservationId, u64, u64)>>,
     pub bumps: Mutex<Vec<Duration>>,
+    /// Per bucket, the orders the ledger recorded failed for want of a unit (`OutOfStock`).
+    pub out_of_stock: Mutex<BTreeMap<u32, u64>>,
     /// Registry writes of an open intent (a resume): when, and the intent's version.
     pub opens: Mutex<Vec<(Duration, u64)>>,
 }
@@ -383,6 +412,12 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
                     .filter(|(_, o)| **o == ApplyOutcome::StaleGeneration)
                     .map(|(r, _)| (f.elapsed(), r.id));
                 log.stale.lock().expect("ledger log").extend(stale);
+                let mut failed = log.out_of_stock.lock().expect("ledger log");
+                for (r, _) in
+                    (req.batch.iter().zip(outcomes)).filter(|(_, o)| **o == ApplyOutcome::OutOfStock)
+                {
+                    *failed.entry(r.bucket.0).or_default() += 1;
+                }
             }
             if chance(knobs.ledger_commit_unknown) {
                 f.fired("ledger_commit_unknown");

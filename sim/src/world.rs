@@ -2461,9 +2461,37 @@ impl World {
         .collect()
     }
 
+    /// Bounded failed orders: an order fails for want of a unit only where Redis sold one it
+    /// did not have, and only a restart makes Redis hold more than the ledger can sell — no more
+    /// orders of a bucket fail than its restarts gave it units (a unit given back to Redis
+    /// after its order failed is sold and fails again).
+    fn failed_orders_bounded(&self) -> Vec<inv::Violation> {
+        use seckill_engine::adapters::script::stock_key;
+        let failed = self.ledger_log.out_of_stock.lock().expect("ledger log").clone();
+        let overstated = self.redis.overstated.lock().expect("overstated").clone();
+        failed
+            .into_iter()
+            .filter_map(|(bucket, failed)| {
+                let gained = overstated
+                    .get(&stock_key(ACTIVITY, BucketNo(bucket)))
+                    .copied()
+                    .unwrap_or(0);
+                (failed > gained).then(|| inv::Violation {
+                    invariant: inv::Invariant::R1Reconciled,
+                    bucket: Some(bucket),
+                    detail: format!(
+                        "{failed} orders failed for want of a unit, and Redis restarts gave the \
+                         bucket {gained} units more than it held"
+                    ),
+                })
+            })
+            .collect()
+    }
+
     async fn final_checks(&self, drained: bool) {
         let snap = self.god.snapshot().await;
         self.record(self.safety(&snap), Verdict::Safety);
+        self.record(self.failed_orders_bounded(), Verdict::Safety);
         self.record(self.god.generation_fenced().await, Verdict::Safety);
         self.record(self.stale_orders_refused(), Verdict::Safety);
         let checks = self.cfg.scenario.checks(self.cfg.jobs);
