@@ -64,6 +64,8 @@ pub struct Timings {
     /// default is 200 ms; an operator shedding load sets seconds). Only the rebalancer's
     /// announcement makes moved units sellable sooner.
     pub sold_out_recheck_ms: u64,
+    /// How far a Redis replica lags its primary at most (a failover loses up to this much).
+    pub replica_lag_ms: u64,
 }
 
 impl Timings {
@@ -78,6 +80,7 @@ impl Timings {
             republish_after_ms: rng.gen_range(500..=2_500),
             pending_after_ms: rng.gen_range(1_000..=2_500),
             sold_out_recheck_ms: rng.gen_range(100..=3_000),
+            replica_lag_ms: rng.gen_range(10..=1_500),
         }
     }
 

@@ -105,6 +105,9 @@ pub struct RedisStore {
     pub key_lost_at: Mutex<Option<Duration>>,
     /// A stock key to lose when a write of it arrives, after the writer's check found it.
     pub lose_at_write: Mutex<Option<LoseAtWrite>>,
+    /// A replica's image: the next (re)start comes back with it whatever the persistence (a
+    /// failover promotes the replica; the clients reconnect to the same address).
+    promoted: Mutex<Option<Keyspace>>,
     _alive: Alive,
 }
 
@@ -161,6 +164,7 @@ impl RedisStore {
             overstated: Mutex::default(),
             key_lost_at: Mutex::default(),
             lose_at_write: Mutex::default(),
+            promoted: Mutex::default(),
             _alive: Alive::new(),
         }
     }
@@ -174,6 +178,12 @@ impl RedisStore {
     pub fn set_restart_mode(&self, mode: Persistence) {
         *self.restart_mode.lock().expect("mode") = mode;
     }
+
+    /// The next (re)start promotes a replica holding `image` (what the primary held when the
+    /// replica last caught up).
+    pub fn promote_at_restart(&self, image: Keyspace) {
+        *self.promoted.lock().expect("promoted") = Some(image);
+    }
 }
 
 /// The Redis node's main: runs on every (re)start of the node.
@@ -181,9 +191,11 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
     if store.starts.fetch_add(1, Ordering::SeqCst) > 0 {
         let (before, stock_before) = store.model.read(|ks| (outbox(ks), stocks(ks)));
         let mode = *store.restart_mode.lock().expect("mode");
-        match mode {
-            Persistence::Volatile => store.model.flush_all(),
-            Persistence::Aof => store.model.restore(store.aof.lock().expect("aof").clone()),
+        let promoted = store.promoted.lock().expect("promoted").take();
+        match (promoted, mode) {
+            (Some(image), _) => store.model.restore(image),
+            (None, Persistence::Volatile) => store.model.flush_all(),
+            (None, Persistence::Aof) => store.model.restore(store.aof.lock().expect("aof").clone()),
         }
         let (after, stock_after) = store.model.read(|ks| (outbox(ks), stocks(ks)));
         let mut overstated = store.overstated.lock().expect("overstated");

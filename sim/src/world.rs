@@ -101,6 +101,10 @@ pub enum Fault {
     RedisSlowScript,
     RedisRestartVolatile,
     RedisRestartAof,
+    /// The primary dies and a replica that lags it by a random window (up to the seed's
+    /// `replica_lag_ms`) is promoted in its place: what the primary acknowledged in that window
+    /// is gone, at any moment rather than at an fsync tick, and the run id is the replica's.
+    RedisFailover,
     /// One bucket's stock key or gate vanishes alone (evicted under memory pressure, or deleted
     /// by hand): no restart, the run id unchanged — only the detection's "a gate or a bucket is
     /// missing" (DESIGN §11.3) can notice, and the recovery must rebuild it.
@@ -214,6 +218,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::RedisSlowScript,
     Fault::RedisRestartVolatile,
     Fault::RedisRestartAof,
+    Fault::RedisFailover,
     Fault::RedisKeyLost,
     Fault::RedisPartition,
     Fault::LinkPartition,
@@ -250,7 +255,11 @@ impl Scenario {
             Scenario::Calm => &[],
             Scenario::ConsumerFaults => CONSUMER_FAULTS,
             Scenario::ProducerFaults => PRODUCER_FAULTS,
-            Scenario::RedisLoss => &[Fault::RedisRestartAof],
+            Scenario::RedisLoss => &[
+                Fault::RedisRestartAof,
+                Fault::RedisRestartAof,
+                Fault::RedisFailover,
+            ],
             Scenario::Chaos => ALL_FAULTS,
             Scenario::Skewed => &[Fault::JobsCrash],
             Scenario::Rebalancing => &[Fault::JobsCrash, Fault::RedisSlowScript, Fault::RedisLatency],
@@ -1160,7 +1169,12 @@ impl World {
     /// goes on with a transfer of the old generation.
     fn aim_at_long_stalls(self: &Arc<Self>) {
         let restarts: Vec<Fault> = (self.cfg.scenario.faults().iter().copied())
-            .filter(|f| matches!(f, Fault::RedisRestartVolatile | Fault::RedisRestartAof))
+            .filter(|f| {
+                matches!(
+                    f,
+                    Fault::RedisRestartVolatile | Fault::RedisRestartAof | Fault::RedisFailover
+                )
+            })
             .collect();
         if restarts.is_empty() {
             return;
@@ -1880,6 +1894,18 @@ impl World {
                     tokio::time::sleep(Duration::from_millis(down)).await;
                 }
                 // Killed again: an aimed restart may have brought it back meanwhile.
+                self.reboot(self.redis_node.id());
+            }
+            Fault::RedisFailover => {
+                f.fired("redis_failover");
+                // The replica holds what the primary held `lag` ago; the primary goes on taking
+                // writes until it dies.
+                let lag = thread_rng().gen_range(0..=self.timings.replica_lag_ms);
+                let image = self.redis.model.dump();
+                tokio::time::sleep(Duration::from_millis(lag)).await;
+                f.event(format!("redis fails over to a replica {lag} ms behind"));
+                self.handle.kill(self.redis_node.id());
+                self.redis.promote_at_restart(image);
                 self.reboot(self.redis_node.id());
             }
             Fault::RedisPartition => {
