@@ -55,7 +55,7 @@ pub enum Scenario {
     ConsumerFaults,
     /// Refused publishes, lost publish acks, delayed and duplicated records.
     ProducerFaults,
-    /// Redis restarts that lose the last AOF window.
+    /// Redis restarts that lose the last AOF window, and failovers to a replica that lags.
     RedisLoss,
     /// The whole catalog, including faults only the reconciler can heal (per seed a random
     /// subset of the types: swarm testing).
@@ -2210,11 +2210,13 @@ impl World {
     /// The operator's warmup through an API node, retried until one answers.
     async fn operator_warmup(&self) {
         for _ in 0..20 {
+            let began = self.faults.elapsed();
             let (i, answer) = self.admin(rpc::Warmup, Duration::from_secs(30)).await;
             match answer {
                 Ok(Ok(what)) => {
                     self.faults
                         .event(format!("operator: warmup through engine-{i}: {what}"));
+                    self.warmup_recovered_only_a_loss(began, &what);
                     return;
                 }
                 other => self
@@ -2222,6 +2224,34 @@ impl World {
                     .event(format!("operator: warmup through engine-{i} failed: {other:?}")),
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A warmup that found the activity whole (no recovery needed) and then stock keys missing
+    /// as it wrote recovers them — a recovery, with its closed gates and the in-flight orders it
+    /// refuses, on account of keys Redis must really have lost after the warmup began. One that
+    /// recovers a Redis that lost nothing (a warmup that took every bucket for lost) is an
+    /// outage of the operator's making.
+    fn warmup_recovered_only_a_loss(&self, began: Duration, answer: &str) {
+        if !answer.contains(seckill_engine::service::admin::LOST_AFTER_CHECK) {
+            return;
+        }
+        let since = |at: Option<Duration>| at.is_some_and(|t| t >= began);
+        let lost = since(*self.redis.key_lost_at.lock().expect("key lost"))
+            || since(*self.redis.restarted_at.lock().expect("restarted"));
+        if !lost {
+            self.record(
+                vec![inv::Violation {
+                    invariant: inv::Invariant::S7AnswersTrue,
+                    bucket: None,
+                    detail: format!(
+                        "a warmup begun at {:.3} s recovered buckets it found without their stock key, \
+                         and Redis lost no key and did not restart since: {answer}",
+                        began.as_secs_f64()
+                    ),
+                }],
+                Verdict::Safety,
+            );
         }
     }
 

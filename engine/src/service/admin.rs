@@ -111,6 +111,10 @@ pub async fn warmup<C: StockCache, L: Ledger, B: OrderBus>(
     .await
 }
 
+/// The cause of a warmup's recovery of buckets whose stock key went between its check (the
+/// activity whole) and its writes (after its count of them).
+pub const LOST_AFTER_CHECK: &str = "of its buckets lost their stock key (the gate is there)";
+
 async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
     cache: &C,
     ledger: &L,
@@ -143,10 +147,7 @@ async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
                 return Ok(Warmed::FromPlan(report));
             }
             // Lost after the check: the warmup wrote nothing of them; recover them now.
-            format!(
-                "{} of its buckets lost their stock key (the gate is there)",
-                report.lost
-            )
+            format!("{} {LOST_AFTER_CHECK}", report.lost)
         }
     };
     let cause = format!("warmup of an installed activity: {cause}");
