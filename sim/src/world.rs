@@ -1904,7 +1904,6 @@ impl World {
                 let image = self.redis.model.dump();
                 tokio::time::sleep(Duration::from_millis(lag)).await;
                 f.event(format!("redis fails over to a replica {lag} ms behind"));
-                self.handle.kill(self.redis_node.id());
                 self.redis.promote_at_restart(image);
                 self.reboot(self.redis_node.id());
             }
