@@ -60,9 +60,9 @@ for seed in 11 12 13; do
   MADSIM_TEST_SEED=$seed MADSIM_TEST_CHECK_DETERMINISM=1 cargo sim -- chaos_world_is_deterministic
 done
 
-step "soak sample (every planted bug caught within 10 seeds from start seeds 0, 1000, 2000; 20 seeds of every scenario)"
+step "soak sample (every planted bug caught within 15 seeds from start seeds 0, 1000, 2000; 20 seeds of every scenario)"
 for from in 0 1000 2000; do
-  ci/soak.sh --planted all --seeds 10 --from "$from"
+  ci/soak.sh --planted all --seeds 15 --from "$from"
 done
 ci/soak.sh --seeds 20 --from 1000
 

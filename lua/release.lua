@@ -14,6 +14,14 @@
 --                  "unpublished" release refuses it (-> {"adopted"}): the purchase that failed to
 --                  publish must not give back units whose order is on its way after all.
 -- -> {"released", qty} | {"absent"} (nothing open / already released) | {"adopted"}
+--    | {"missing"} ("cancelled" only: the stock key is gone, nothing written)
+-- No mode ever creates a missing stock key: INCRBY on it would make a bucket of the released
+-- units alone, which looks whole to the recovery's check while the units it held are gone (R1,
+-- simulation chaos seeds 50472, 50482, 90158). A missing key is the recovery's to rebuild from
+-- the ledger, where an unpublished or rejected unit was never taken and a cancelled one is back:
+-- "unpublished" and "rejected" close the reservation without the INCRBY; "cancelled" writes
+-- nothing and is tried again after the rebuild (which keeps the rel: mark the ledger's cancel
+-- implies).
 local mode, rid, user = ARGV[1], ARGV[2], ARGV[3]
 if not rid or not string.match(rid, "^%x+$") then
   return redis.error_reply("ERR release: reservation id must be hex")
@@ -39,7 +47,9 @@ elseif mode == "unpublished" or mode == "rejected" then
   if mode == "unpublished" and string.match(open, "|r$") then
     return {"adopted"}
   end
-  redis.call("INCRBY", KEYS[1], qty)
+  if redis.call("EXISTS", KEYS[1]) == 1 then
+    redis.call("INCRBY", KEYS[1], qty)
+  end
   redis.call("HDEL", KEYS[3], rid)
   if mode == "unpublished" then
     redis.call("SREM", KEYS[2], user)
@@ -54,6 +64,9 @@ elseif mode == "cancelled" then
     if not qty or qty < 1 or qty ~= math.floor(qty) then
       return redis.error_reply("ERR release: qty must be a positive integer")
     end
+  end
+  if redis.call("EXISTS", KEYS[1]) == 0 then
+    return {"missing"}
   end
   redis.call("INCRBY", KEYS[1], qty)
   redis.call("HDEL", KEYS[3], rid)

@@ -2,10 +2,14 @@
 -- is left exactly as it is (a second warmup must never refill a bucket that has been selling).
 --
 -- op "bucket": KEYS[1] sk:{A.b}:stock  KEYS[2] sk:{A.b}:gate  ARGV[2] initial units of bucket b
+--   ARGV[3] "plan" (a new activity) | "installed"
 --   -> {"created", initial} | {"exists", current} | {"lost"}
 --   A bucket is warmed stock first, gate second: a gate without its stock key is a bucket that
 --   was warmed and then lost its stock (Redis lost data). Refilling it from the plan would put
 --   back every unit it sold, so nothing is written: that bucket is the recovery's to rebuild.
+--   An installed activity's missing stock key is lost whatever else is missing: Redis may have
+--   lost everything, the gate too, since the engine last looked (sold stock refilled: simulation
+--   operator seed 95009).
 -- op "meta":   KEYS[1] sk:{A}:meta   ARGV[2] plan version  ARGV[3] bucket count  ARGV[4] epoch
 --   -> {"created"} | {"exists"}; a different plan version is an error (plans never change in place)
 --   The epoch is the Redis server's run id at warmup: a later run id means Redis restarted since,
@@ -53,7 +57,10 @@ if op == "bucket" then
   if current then
     return {"exists", tonumber(current)}
   end
-  if redis.call("EXISTS", KEYS[2]) == 1 then
+  if ARGV[3] ~= "plan" and ARGV[3] ~= "installed" then
+    return redis.error_reply("ERR warmup: ARGV[3] must be plan or installed")
+  end
+  if ARGV[3] == "installed" or redis.call("EXISTS", KEYS[2]) == 1 then
     return {"lost"}
   end
   redis.call("SET", KEYS[1], initial)

@@ -25,7 +25,11 @@ fn main() -> Result<(), String> {
         let plan = StockPlan::new(&activity(1, n * 10, 64, 10));
         backend
             .cache
-            .warmup(&plan, &seckill_engine::ports::Intent::FIRST)
+            .warmup(
+                &plan,
+                &seckill_engine::ports::Intent::FIRST,
+                seckill_engine::ports::WarmFrom::Plan,
+            )
             .await
             .map_err(|e| e.to_string())?;
         let mut reserved = Vec::with_capacity(n as usize);

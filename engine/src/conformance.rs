@@ -102,14 +102,33 @@ where
             ReserveOutcome::NotWarmed,
             "reserve before warmup"
         );
-        let first = c.warmup(&plan, &OPEN).await.unwrap();
+        // an installed activity's warmup never writes a stock key from the plan, even where
+        // Redis holds nothing of it (it may have lost everything after selling)
+        let installed = c
+            .warmup(&plan, &OPEN, crate::ports::WarmFrom::Installed)
+            .await
+            .unwrap();
+        assert_eq!(
+            (installed.created, installed.existing, installed.lost),
+            (0, 0, 3),
+            "warmup of an installed activity on an empty Redis"
+        );
+        assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, None, "nothing written");
+        assert!(c.meta(plan.activity).await.unwrap().is_none(), "no meta written");
+        let first = c
+            .warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         assert_eq!(
             (first.created, first.existing),
             (3, 0),
             "warmup: creates all buckets"
         );
         reserved(reserve(&c, &plan, u, 2).await, "warmup");
-        let again = c.warmup(&plan, &OPEN).await.unwrap();
+        let again = c
+            .warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         assert_eq!((again.created, again.existing), (0, 3), "warmup: idempotent");
         assert_eq!(
             stock_of(&c, &plan, BucketNo(0)).await,
@@ -133,7 +152,9 @@ where
         let mut other = plan.clone();
         other.version = "0000000000000000".into();
         assert!(
-            c.warmup(&other, &OPEN).await.is_err(),
+            c.warmup(&other, &OPEN, crate::ports::WarmFrom::Plan)
+                .await
+                .is_err(),
             "warmup: a different plan version is refused"
         );
     }
@@ -142,7 +163,9 @@ where
     {
         let c = make().await;
         let plan = fresh(4, 2, 0); // 2 + 2 units, no fallback
-        c.warmup(&plan, &OPEN).await.unwrap();
+        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         let users = users_in(&plan, BucketNo(1), 3);
         let r = reserved(reserve(&c, &plan, users[0], 1).await, "own");
         assert_eq!(
@@ -194,7 +217,9 @@ where
     {
         let c = make().await;
         let plan = fresh(10, 1, 20); // bucket 0: 8 units, fallback (bucket 1): 2
-        c.warmup(&plan, &OPEN).await.unwrap();
+        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         let users = users_in(&plan, BucketNo(0), 12);
         for (i, u) in users[..8].iter().enumerate() {
             reserved(reserve(&c, &plan, *u, i as u128).await, "fill own");
@@ -297,7 +322,9 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan, &OPEN).await.unwrap();
+        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         let users = users_in(&plan, BucketNo(0), 3);
         let a = reserved(reserve(&c, &plan, users[0], 1).await, "open gate");
         assert_eq!(a.generation, 0, "stamped with the gate's generation");
@@ -328,7 +355,13 @@ where
             c.set_gates(&plan, &closed).await.unwrap(),
             vec![GateWrite::Applied; 2]
         );
-        c.warmup(&plan, &intent(ActivityState::Open, 9, 0)).await.unwrap();
+        c.warmup(
+            &plan,
+            &intent(ActivityState::Open, 9, 0),
+            crate::ports::WarmFrom::Plan,
+        )
+        .await
+        .unwrap();
         assert_eq!(
             reserve(&c, &plan, users[1], 3).await,
             ReserveOutcome::Gated(ActivityState::Closed),
@@ -345,7 +378,9 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan, &OPEN).await.unwrap();
+        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         let epoch = c.epoch().await.unwrap();
         assert_eq!(
             c.epoch().await.unwrap(),
@@ -490,7 +525,9 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan, &OPEN).await.unwrap();
+        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         let users = users_in(&plan, BucketNo(0), 1);
         let e = reserved(reserve(&c, &plan, users[0], 4).await, "e");
         assert!(c.adopt(&e).await.unwrap(), "adopt an open reservation");
@@ -511,7 +548,9 @@ where
     {
         let c = make().await;
         let plan = fresh(10, 2, 0); // 5 + 5
-        c.warmup(&plan, &OPEN).await.unwrap();
+        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         let t = Transfer {
             id: "t-1".into(),
             from: BucketNo(0),
@@ -553,7 +592,13 @@ where
     {
         let c = make().await;
         let plan = fresh(10, 2, 0);
-        c.warmup(&plan, &intent(ActivityState::Open, 1, 3)).await.unwrap();
+        c.warmup(
+            &plan,
+            &intent(ActivityState::Open, 1, 3),
+            crate::ports::WarmFrom::Plan,
+        )
+        .await
+        .unwrap();
         let t = Transfer {
             id: "t-g".into(),
             from: BucketNo(0),
@@ -579,7 +624,9 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan, &OPEN).await.unwrap();
+        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
+            .await
+            .unwrap();
         let users = users_in(&plan, BucketNo(0), 3);
         let a = reserved(reserve(&c, &plan, users[0], 1).await, "a");
         let b = reserved(reserve(&c, &plan, users[1], 2).await, "b");
@@ -1024,7 +1071,26 @@ where
 
     // after a recovery's bump, a transfer taken under the old generation is refused (its take was
     // undone by the rebuild); one already recorded still answers "done"; a new one goes through
-    assert_eq!(l.bump_generation(act.id()).await.unwrap().generation, 1);
+    // the bump is a compare-and-set: a runner that read generation 0 bumps it once; a second
+    // runner (or the same one, late) that read 0 too finds 1 and is refused, changing nothing
+    assert_eq!(
+        l.bump_generation(act.id(), 0)
+            .await
+            .unwrap()
+            .map(|i| i.generation),
+        Some(1)
+    );
+    assert_eq!(
+        l.bump_generation(act.id(), 0).await.unwrap(),
+        None,
+        "a late bump from 0"
+    );
+    assert_eq!(l.registry(act.id()).await.unwrap().unwrap().intent.generation, 1);
+    let missing = l
+        .bump_generation(ActivityId(act.id().0 + 1000), 0)
+        .await
+        .unwrap_err();
+    assert!(!missing.is_indeterminate(), "{missing}");
     let stale = Transfer {
         id: "t-12".into(),
         units: 1,

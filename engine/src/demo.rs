@@ -157,7 +157,9 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
     let registered = ledger.registry(id).await?.ok_or_else(|| {
         crate::ports::PortError::determinate("demo", format!("activity {id} is not in the registry"))
     })?;
-    cache.warmup(&plan, &registered.intent).await?;
+    cache
+        .warmup(&plan, &registered.intent, crate::ports::WarmFrom::Plan)
+        .await?;
 
     let service = PurchaseService::new(
         cache.clone(),

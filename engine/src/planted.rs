@@ -50,10 +50,16 @@ pub enum Bug {
     /// rebuilds and reopens buckets whose gates another claim closed (it closes them again
     /// under its own fence first, as a gate script that ignored the fence would let it).
     RecoveryWithoutFence,
+    /// The recovery's generation bump is an unconditional `generation + 1`: a runner stalled
+    /// before it past its lease bumps after its successor reopened the gates.
+    UnfencedBump,
+    /// The consumer ignores a failed rewind and polls on from where the failed batch left the
+    /// source's position (its records are never applied; the next batch commits past them).
+    FailedRewindIgnored,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 19] = [
+    pub const ALL: [Bug; 21] = [
         Bug::NonAtomicReserve,
         Bug::AckBeforeCommit,
         Bug::ReleaseToRoutedBucket,
@@ -73,6 +79,8 @@ impl Bug {
         Bug::GateNotChecked,
         Bug::NoGenerationCheck,
         Bug::RecoveryWithoutFence,
+        Bug::UnfencedBump,
+        Bug::FailedRewindIgnored,
     ];
 
     pub fn name(self) -> &'static str {
@@ -96,6 +104,8 @@ impl Bug {
             Bug::GateNotChecked => "gate_not_checked",
             Bug::NoGenerationCheck => "no_generation_check",
             Bug::RecoveryWithoutFence => "recovery_without_fence",
+            Bug::UnfencedBump => "unfenced_bump",
+            Bug::FailedRewindIgnored => "failed_rewind_ignored",
         }
     }
 
@@ -175,6 +185,15 @@ pub fn enable_stalls(seed: Option<u64>, long: bool) {
     ON_LONG_STALL.with(|h| h.borrow_mut().take());
 }
 
+/// The faults stop (the simulation's heal): no fault point stalls from here on, the processes
+/// asleep at one sleep on. Without this, the stalls past a recovery's lease that go on firing at
+/// every attempt could keep any recovery from ever finishing: a livelock of the faults, not of
+/// the engine (the liveness that matters holds once faults stop).
+pub fn stop_stalls() {
+    STALLS.with(|s| s.set(0));
+    FIRED.with(|f| f.set(u64::MAX));
+}
+
 fn draw() -> Option<u64> {
     STALLS.with(|s| {
         let mut x = s.get();
@@ -202,13 +221,19 @@ pub async fn stall(one_in: u64, max: std::time::Duration) {
 
 /// Sleep for the part of `max` that the draw `x` names.
 async fn sleep_drawn(x: u64, max: std::time::Duration) {
+    sleep_drawn_from(x, std::time::Duration::ZERO, max).await
+}
+
+/// Sleep `floor` and the part of `max - floor` that the draw `x` names.
+async fn sleep_drawn_from(x: u64, floor: std::time::Duration, max: std::time::Duration) {
     struct Asleep;
     impl Drop for Asleep {
         fn drop(&mut self) {
             STALLED.with(|s| s.set(s.get().saturating_sub(1)));
         }
     }
-    let ms = (x >> 20) % (max.as_millis() as u64).max(1);
+    let floor_ms = floor.as_millis() as u64;
+    let ms = floor_ms + (x >> 20) % (max.as_millis() as u64).saturating_sub(floor_ms).max(1);
     STALLED.with(|s| s.set(s.get() + 1));
     let _asleep = Asleep;
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
@@ -219,6 +244,12 @@ async fn sleep_drawn(x: u64, max: std::time::Duration) {
 /// there at every pass would keep any recovery from ever finishing: no bug, a livelock of the
 /// fault itself).
 pub async fn stall_once(site: u32, one_in: u64, max: std::time::Duration) {
+    stall_once_past(site, one_in, std::time::Duration::ZERO, max).await
+}
+
+/// `stall_once` for at least `floor`: a window that only hurts once another process has had
+/// time to act in it (take over a claim and finish what it claimed).
+pub async fn stall_once_past(site: u32, one_in: u64, floor: std::time::Duration, max: std::time::Duration) {
     if FIRED.with(|f| f.get()) & (1 << site) != 0 {
         return;
     }
@@ -228,5 +259,5 @@ pub async fn stall_once(site: u32, one_in: u64, max: std::time::Duration) {
     }
     FIRED.with(|f| f.set(f.get() | 1 << site));
     ON_LONG_STALL.with(|h| h.borrow().as_ref().map(|f| f(site)));
-    sleep_drawn(x, max).await;
+    sleep_drawn_from(x, floor, max).await;
 }

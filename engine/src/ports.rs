@@ -163,6 +163,17 @@ pub struct Gate {
     pub fence: Option<String>,
 }
 
+/// What a warmup may write a missing stock key from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmFrom {
+    /// An activity installed by this warmup: the plan's figures are the ledger's.
+    Plan,
+    /// An activity installed before: a missing stock key is `lost` (whatever else Redis lost
+    /// with it, the gate too), never written from the plan — it may have sold since (DESIGN
+    /// §11.2: a warmup of an installed activity never writes stock from the plan's figures).
+    Installed,
+}
+
 /// What writing an intent to one gate did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GateWrite {
@@ -271,6 +282,7 @@ pub trait StockCache: Clone + Send + Sync + 'static {
         &self,
         plan: &StockPlan,
         intent: &Intent,
+        from: WarmFrom,
     ) -> impl Future<Output = PortResult<WarmupReport>> + Send;
 
     /// Reserve `qty` for `user` in its own bucket, else in the fallback (DESIGN §4).
@@ -592,9 +604,17 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         state: ActivityState,
     ) -> impl Future<Output = PortResult<Option<Intent>>> + Send;
 
-    /// Recovery step 6: bump the activity's generation; from now on `apply` refuses orders
-    /// reserved under an older one. Returns the registry's intent with the new generation.
-    fn bump_generation(&self, id: ActivityId) -> impl Future<Output = PortResult<Intent>> + Send;
+    /// Recovery step 6: bump the activity's generation from `from` to `from + 1`, a
+    /// compare-and-set; from now on `apply` refuses orders reserved under an older one. Returns
+    /// the registry's intent with the new generation, or `Ok(None)` if the registry is not at
+    /// `from` (another runner bumped it: this recovery was taken over, and a late bump must never
+    /// put the registry ahead of the gates its successor reopened). Determinate error: no such
+    /// activity.
+    fn bump_generation(
+        &self,
+        id: ActivityId,
+        from: u64,
+    ) -> impl Future<Output = PortResult<Option<Intent>>> + Send;
 
     /// Move `t.units` of ledger stock between buckets with two `transfer` journal rows; idempotent
     /// by transfer id (`Ok(false)`: already done). The source must have the units, and differ

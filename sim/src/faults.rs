@@ -32,6 +32,9 @@ pub struct Knobs {
     pub ledger_commit_unknown: f64,
     /// MySQL: the connection drops before the statement runs (the client times out).
     pub ledger_conn_loss: f64,
+    /// Kafka: a consumer's rewind fails (the committed offsets cannot be read, or a partition's
+    /// seek is refused): its position stays where its last poll left it.
+    pub mq_rewind_fail: f64,
 }
 
 pub fn chance(p: f64) -> bool {
@@ -77,6 +80,15 @@ pub struct TransferDone {
 
 /// Events kept for a failure report.
 const TRACE_LEN: usize = 50;
+
+/// How many events a run keeps: `TRACE_LEN`, or `SECKILL_SIM_TRACE` (a whole run's trace for
+/// triage; what a run keeps never changes what it does).
+fn trace_len() -> usize {
+    std::env::var("SECKILL_SIM_TRACE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(TRACE_LEN)
+}
 
 impl Default for Faults {
     fn default() -> Self {
@@ -192,7 +204,7 @@ impl Faults {
     pub fn event(&self, what: String) {
         let at = self.elapsed().as_secs_f64();
         let mut t = self.trace.lock().expect("trace");
-        if t.len() == TRACE_LEN {
+        if t.len() >= trace_len() {
             t.pop_front();
         }
         t.push_back(format!("{at:>8.3}s {what}"));

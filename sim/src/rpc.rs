@@ -156,8 +156,9 @@ request!(SetIntent => Result<Option<Intent>, PortError>, 0x5e1d);
 #[derive(Serialize, Deserialize)]
 pub struct BumpGeneration {
     pub id: ActivityId,
+    pub from: u64,
 }
-request!(BumpGeneration => Result<Intent, PortError>, 0x5e1e);
+request!(BumpGeneration => Result<Option<Intent>, PortError>, 0x5e1e);
 
 #[derive(Serialize, Deserialize)]
 pub struct ReconcileRead {
@@ -218,6 +219,16 @@ pub struct Committed {
     pub partition: u32,
 }
 request!(Committed => u64, 0x5e24);
+
+/// A member's rewind: the group's committed offsets of its partitions, to seek to (refused as a
+/// failed seek is, or lost with the broker).
+#[derive(Serialize, Deserialize)]
+pub struct Rewind {
+    pub group: String,
+    pub member: String,
+    pub partitions: Vec<u32>,
+}
+request!(Rewind => Result<std::collections::BTreeMap<u32, u64>, String>, 0x5e29);
 
 #[derive(Serialize, Deserialize)]
 pub struct Lag {
@@ -295,6 +306,7 @@ mod tests {
             GroupSync::ID,
             GroupLeave::ID,
             Committed::ID,
+            Rewind::ID,
             Lag::ID,
             DeadLetter::ID,
             Purchase::ID,

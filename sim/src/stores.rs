@@ -504,8 +504,10 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
     rpc::serve(&ep, move |req: rpc::BumpGeneration| {
         let (l, f, log) = (l.clone(), f.clone(), g.clone());
         async move {
-            let out = l.bump_generation(req.id).await;
-            log.bumps.lock().expect("ledger log").push(f.elapsed());
+            let out = l.bump_generation(req.id, req.from).await;
+            if matches!(out, Ok(Some(_))) {
+                log.bumps.lock().expect("ledger log").push(f.elapsed());
+            }
             out
         }
     });
@@ -623,8 +625,9 @@ impl Ledger for SimLedger {
         self.call("set intent", rpc::SetIntent { id, state }).await
     }
 
-    async fn bump_generation(&self, id: ActivityId) -> PortResult<Intent> {
-        self.call("bump generation", rpc::BumpGeneration { id }).await
+    async fn bump_generation(&self, id: ActivityId, from: u64) -> PortResult<Option<Intent>> {
+        self.call("bump generation", rpc::BumpGeneration { id, from })
+            .await
     }
 }
 
@@ -638,6 +641,8 @@ pub struct KafkaLog {
     /// Order records the broker acknowledged and then lost (by reservation id): a data loss the
     /// checker's exact L1 account excuses when the outbox entry is gone too.
     pub lost_after_ack: Mutex<BTreeSet<String>>,
+    /// Members whose last rewind failed (a coverage target counts the retry that follows).
+    rewind_failed: Mutex<BTreeSet<String>>,
     _alive: Alive,
 }
 
@@ -714,6 +719,7 @@ impl KafkaLog {
                 groups: BTreeMap::new(),
             }),
             lost_after_ack: Mutex::default(),
+            rewind_failed: Mutex::default(),
             _alive: Alive::new(),
         }
     }
@@ -872,6 +878,26 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 .get(&(req.group, req.partition))
                 .copied()
                 .unwrap_or(0)
+        }
+    });
+    let (l, f) = (log.clone(), faults.clone());
+    rpc::serve(&ep, move |req: rpc::Rewind| {
+        let (l, f) = (l.clone(), f.clone());
+        async move {
+            if chance(f.knobs().mq_rewind_fail) {
+                f.fired("mq_rewind_failed");
+                l.rewind_failed.lock().expect("kafka").insert(req.member);
+                return Err("seek failed: Local: Erroneous state".to_string());
+            }
+            if l.rewind_failed.lock().expect("kafka").remove(&req.member) {
+                f.cover("rewind_retried");
+            }
+            let st = l.state.lock().expect("kafka");
+            Ok(req
+                .partitions
+                .into_iter()
+                .map(|p| (p, st.committed.get(&(req.group.clone(), p)).copied().unwrap_or(0)))
+                .collect())
         }
     });
     let l = log.clone();
@@ -1092,8 +1118,21 @@ impl OrderSource for SimSource {
             .map_err(|e| lost("dead letter", e))
     }
 
+    /// As rdkafka's: read the group's committed offsets from the broker and seek every owned
+    /// partition to them. A rewind that fails (the broker out of reach, a seek refused) leaves
+    /// the positions where the last poll left them — past the records of a failed batch.
     async fn rewind(&mut self) -> PortResult<()> {
-        self.positions.clear();
+        let req = rpc::Rewind {
+            group: self.group.clone(),
+            member: self.member.clone(),
+            partitions: self.owned.clone(),
+        };
+        self.positions = self
+            .ep
+            .call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT)
+            .await
+            .map_err(|e| lost("rewind", e))?
+            .map_err(|refused| PortError::determinate("rewind", refused))?;
         Ok(())
     }
 }

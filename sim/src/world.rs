@@ -139,6 +139,9 @@ pub enum Fault {
     /// A worker stops past the group's session timeout, then goes on where it was: its
     /// partitions went to another member meanwhile, and its late commit is refused.
     ConsumerPause,
+    /// A consumer's rewind fails (the broker cannot give the committed offsets, a seek is
+    /// refused): its position stays past the batch that failed.
+    MqRewindFail,
 }
 
 /// A knob's probability while its window is open, else 0.
@@ -171,6 +174,8 @@ impl Fault {
             Fault::JobsPause => 2_000..6_000,
             // Past the session timeout: the group rebalances without it.
             Fault::ConsumerPause => session + 200..session + 1_500,
+            // Long enough to meet the ledger's failures: a rewind is asked for only after one.
+            Fault::MqRewindFail => 300..1_500,
             _ => 30..300,
         }
     }
@@ -187,6 +192,8 @@ const CONSUMER_FAULTS: &[Fault] = &[
     Fault::LedgerConnLoss,
     Fault::MqDuplicate,
     Fault::MqDelay,
+    Fault::MqRewindFail,
+    Fault::MqRewindFail,
 ];
 // No lost records and no Redis slowness here: without the jobs node, L1 must hold (a lost record
 // or a timed-out reserve strands a reservation only the reconciler can close).
@@ -226,6 +233,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::EngineCrash,
     Fault::ClockSkew,
     Fault::PacketLoss,
+    Fault::MqRewindFail,
 ];
 
 /// Which checks a run holds the engine to.
@@ -330,7 +338,9 @@ impl Scenario {
     pub fn for_bug(bug: Bug) -> (Scenario, bool) {
         match bug {
             Bug::NonAtomicReserve => (Scenario::Calm, false),
-            Bug::AckBeforeCommit | Bug::RedeliveredAsDuplicate => (Scenario::ConsumerFaults, false),
+            Bug::AckBeforeCommit | Bug::RedeliveredAsDuplicate | Bug::FailedRewindIgnored => {
+                (Scenario::ConsumerFaults, false)
+            }
             Bug::ReleaseToRoutedBucket | Bug::FallbackWithoutPendingMark => (Scenario::ProducerFaults, false),
             Bug::ReleaseOnIndeterminatePublish => (Scenario::ProducerFaults, true),
             Bug::NoBuyerUniqueKey | Bug::NoStockGuard => (Scenario::RedisLoss, false),
@@ -341,9 +351,10 @@ impl Scenario {
             Bug::ReconcilerResetsStock => (Scenario::ConsumerFaults, true),
             Bug::GateNotChecked | Bug::ReopenOverPause => (Scenario::Operator, true),
             Bug::WarmupFromPlan => (Scenario::FullLossRestart, true),
-            Bug::RebuildDropsOutbox | Bug::NoGenerationCheck | Bug::RecoveryWithoutFence => {
-                (Scenario::CompetingRecoveries, true)
-            }
+            Bug::RebuildDropsOutbox
+            | Bug::NoGenerationCheck
+            | Bug::RecoveryWithoutFence
+            | Bug::UnfencedBump => (Scenario::CompetingRecoveries, true),
         }
     }
 }
@@ -583,6 +594,7 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
     ("recovery_under_load", &[Scenario::Operator, Scenario::Chaos], 20),
     ("stale_generation_refused", &[Scenario::CompetingRecoveries], 20),
     ("duplicate_buyer_refused", &[Scenario::RedisLoss], 20),
+    ("rewind_retried", &[Scenario::ConsumerFaults], 20),
     ("out_of_stock_refused", &[Scenario::RedisLoss], 20),
     (
         "outbox_rescued",
@@ -1025,7 +1037,11 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     };
     god.ledger.install(&act, &plan).await.expect("install");
     god.cache
-        .warmup(&plan, &seckill_engine::ports::Intent::FIRST)
+        .warmup(
+            &plan,
+            &seckill_engine::ports::Intent::FIRST,
+            seckill_engine::ports::WarmFrom::Plan,
+        )
         .await
         .expect("warmup");
 
@@ -1776,7 +1792,7 @@ impl World {
             // were lost, and before the reconciler's republish age, so it still finds them (a
             // seed whose timings leave no room between the two gets the other pair).
             Scenario::CompetingRecoveries
-                if thread_rng().gen_bool(0.5)
+                if thread_rng().gen_bool(0.65)
                     && self.timings.republish_after_ms > self.timings.aof_window_ms + 300 =>
             {
                 // Past the window's end by more than the AOF window: the restart keeps every
@@ -2072,6 +2088,7 @@ impl World {
                     Fault::MqAckLost => ("mq_ack_lost", |k, on| k.mq_ack_lost = prob(0.3, on)),
                     Fault::MqLoseAfterAck => ("mq_lose_after_ack", lose_after_ack),
                     Fault::RedisLatency => ("redis_latency", |k, on| k.redis_latency = delay(60, on)),
+                    Fault::MqRewindFail => ("mq_rewind_fail", |k, on| k.mq_rewind_fail = prob(0.7, on)),
                     _ => ("redis_slow_script", |k, on| k.redis_slow_script = prob(0.05, on)),
                 };
                 f.event(format!("window {name} for {} ms", hold.as_millis()));
@@ -2301,6 +2318,7 @@ impl World {
     /// Undo every fault: knobs off, links healed, every node running.
     async fn heal(&self) {
         self.faults.knobs_off();
+        planted::stop_stalls();
         let net = NetSim::current();
         net.update_config(|c| c.packet_loss_rate = 0.0);
         let nodes: Vec<&NodeHandle> = self.nodes().collect();

@@ -28,6 +28,16 @@ use std::time::Duration;
 /// The schema, embedded at build time; `seckill migrate` and `MysqlLedger::migrate` apply it.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
+/// The longest a ledger transaction may sit idle between its statements before the server rolls
+/// it back and drops its connection: the producer's delivery timeout (3 s), so that a worker
+/// stalled mid-batch frees the activity's locks within the recovery's publish window.
+const IDLE_TRANSACTION_S: u32 = 3;
+/// The longest a statement waits for a row lock (InnoDB's default is 50 s): a waiter gives up
+/// and its transaction runs again from BEGIN (`retrying`).
+const LOCK_WAIT_S: u32 = 3;
+/// The longest one statement may run (the recovery's snapshot of a whole sale is the longest).
+const STATEMENT_S: u32 = 30;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MysqlConfig {
     pub url: String,
@@ -160,13 +170,35 @@ impl MysqlLedger {
             .max_connections(cfg.max_connections)
             .acquire_timeout(cfg.acquire_timeout)
             // Explicit, whatever the server's default: the recovery's snapshot and the
-            // reconciler's view rely on one consistent read view per transaction.
+            // reconciler's view rely on one consistent read view per transaction. And bounded:
+            // a client that stalls inside a transaction (a paused worker, a partition: TCP
+            // retransmits for minutes) must not hold the activity's locks for the server's
+            // `wait_timeout` (8 h) — every other worker, the recovery's drain and the operator's
+            // pause would queue behind it (DESIGN §11.3).
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                        .execute(conn)
-                        .await
-                        .map(drop)
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_S}"
+                    )))
+                    .execute(&mut *conn)
+                    .await?;
+                    // MariaDB's: the server rolls back a transaction idle this long (and closes
+                    // its connection, releasing its locks), and kills a statement running
+                    // longer. MySQL has neither (error 1193, unknown variable): there the lock
+                    // wait above bounds only the waiters.
+                    let mariadb = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_S}, \
+                         max_statement_time = {STATEMENT_S}"
+                    )))
+                    .execute(&mut *conn)
+                    .await;
+                    match mariadb {
+                        Err(e) if error_number(&e) == Some(1193) => Ok(()),
+                        other => other.map(drop),
+                    }
                 })
             })
             .connect_lazy_with(options);
@@ -225,16 +257,19 @@ impl MysqlLedger {
             Ok(_) => {}
             Err(e) if is_foreign_key_violation(&e) => return Ok(ApplyOutcome::UnknownBucket),
             Err(e) if is_unique_violation(&e) => {
-                let same: Option<(String,)> =
-                    sqlx::query_as("SELECT reservation_id FROM seckill_order WHERE reservation_id = ?")
-                        .bind(&id)
-                        .fetch_optional(&mut **tx)
-                        .await?;
+                // Locking reads: they see the latest committed row (the one the unique key met),
+                // where a plain read sees the transaction's read view, which may predate it.
+                let same: Option<(String,)> = sqlx::query_as(
+                    "SELECT reservation_id FROM seckill_order WHERE reservation_id = ? LOCK IN SHARE MODE",
+                )
+                .bind(&id)
+                .fetch_optional(&mut **tx)
+                .await?;
                 if same.is_some() {
                     return Ok(ApplyOutcome::Redelivered);
                 }
                 let (existing,): (String,) = sqlx::query_as(
-                    "SELECT reservation_id FROM seckill_order WHERE activity_id = ? AND user_id = ?",
+                    "SELECT reservation_id FROM seckill_order WHERE activity_id = ? AND user_id = ? LOCK IN SHARE MODE",
                 )
                 .bind(r.activity.0)
                 .bind(r.user.0)
@@ -313,14 +348,21 @@ type TxResult<T> = Result<T, TxError>;
 /// victim is expected to run again.
 const TX_ATTEMPTS: u32 = 4;
 
-/// Deadlock victim (1213) or lock wait timeout (1205): rolled back, safe to run again.
-fn is_retryable(e: &sqlx::Error) -> bool {
+/// The server's error number, if the error is the server's.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
     match e {
         sqlx::Error::Database(db) => db
             .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .is_some_and(|m| matches!(m.number(), 1213 | 1205)),
-        _ => false,
+            .map(|m| m.number()),
+        _ => None,
     }
+}
+
+/// Rolled back, safe to run again from BEGIN: a deadlock victim (1213), a lock wait timeout
+/// (1205), or a write to a row changed since the transaction's read view was taken (1020: with
+/// MariaDB's `innodb_snapshot_isolation`, the default from 11.6).
+fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(error_number(e), Some(1213 | 1205 | 1020))
 }
 
 /// Run `attempt` (one whole transaction, begin to commit) until it succeeds, is refused, or fails
@@ -351,10 +393,14 @@ async fn commit(tx: Transaction<'static, MySql>) -> TxResult<()> {
 impl MysqlLedger {
     async fn cancel_unpaid_once(&self, activity: ActivityId, now_ms: u64) -> TxResult<Vec<Reservation>> {
         let mut tx = self.pool.begin().await?;
-        let timeout: Option<(u64,)> = sqlx::query_as("SELECT pay_timeout_ms FROM activity WHERE id = ?")
-            .bind(activity.0)
-            .fetch_optional(&mut *tx)
-            .await?;
+        // Only locking reads here: each sees the latest committed rows, where a plain read would
+        // fix a read view that the cancels' writes below then contradict (rows the consumer
+        // changed since: error 1020 under MariaDB's snapshot isolation).
+        let timeout: Option<(u64,)> =
+            sqlx::query_as("SELECT pay_timeout_ms FROM activity WHERE id = ? LOCK IN SHARE MODE")
+                .bind(activity.0)
+                .fetch_optional(&mut *tx)
+                .await?;
         // Due: reserved_at + timeout <= now (nothing is due before the first timeout has passed).
         let Some(cutoff) = timeout.and_then(|(timeout,)| now_ms.checked_sub(timeout)) else {
             return Ok(Vec::new());
@@ -504,6 +550,14 @@ impl MysqlLedger {
             return Err(refused(format!("from bucket {} to itself", t.from)));
         }
         let mut tx = self.pool.begin().await?;
+        // The generation under a shared lock held to COMMIT, as for an order: a recovery's bump
+        // waits for this transfer, so its snapshot holds it or it is refused here. Taken first:
+        // the read below then sees every transfer committed before this one could start.
+        let current: Option<(u64,)> =
+            sqlx::query_as("SELECT generation FROM activity WHERE id = ? LOCK IN SHARE MODE")
+                .bind(activity.0)
+                .fetch_optional(&mut *tx)
+                .await?;
         let done: Option<(u64,)> = sqlx::query_as(
             "SELECT id FROM stock_journal WHERE activity_id = ? AND kind = 'transfer' AND reference = ? LIMIT 1",
         )
@@ -514,13 +568,6 @@ impl MysqlLedger {
         if done.is_some() {
             return Ok(false);
         }
-        // The generation under a shared lock held to COMMIT, as for an order: a recovery's bump
-        // waits for this transfer, so its snapshot holds it or it is refused here.
-        let current: Option<(u64,)> =
-            sqlx::query_as("SELECT generation FROM activity WHERE id = ? LOCK IN SHARE MODE")
-                .bind(activity.0)
-                .fetch_optional(&mut *tx)
-                .await?;
         if let Some((current,)) = current.filter(|(g,)| t.generation < *g) {
             return Err(refused(stale_transfer(t, current)));
         }
@@ -559,7 +606,12 @@ impl MysqlLedger {
                 reference: t.id.clone(),
                 delta,
             };
-            Self::journal(&mut tx, activity, &entry).await?;
+            match Self::journal(&mut tx, activity, &entry).await {
+                // The same transfer committed by another runner since this one's read: done
+                // (dropping the transaction rolls this attempt back).
+                Err(e) if is_unique_violation(&e) => return Ok(false),
+                other => other?,
+            }
         }
         commit(tx).await?;
         Ok(true)
@@ -636,27 +688,40 @@ impl Ledger for MysqlLedger {
         .await
     }
 
-    async fn bump_generation(&self, id: ActivityId) -> PortResult<Intent> {
+    async fn bump_generation(&self, id: ActivityId, from: u64) -> PortResult<Option<Intent>> {
         retrying("bump generation", || async {
             let mut tx = self.pool.begin().await?;
-            let changed = sqlx::query("UPDATE activity SET generation = generation + 1 WHERE id = ?")
+            // Locked first: the compare below and the update see the same, latest row.
+            let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity WHERE id = ? FOR UPDATE");
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(id.0)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if changed == 0 {
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = row else {
                 return Err(TxError::Refused(PortError::determinate(
                     "bump generation",
                     format!("activity {id} is not installed"),
                 )));
+            };
+            if registered_of_row(&row)
+                .map_err(TxError::Refused)?
+                .intent
+                .generation
+                != from
+            {
+                return Ok(None);
             }
-            let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity WHERE id = ?");
+            sqlx::query("UPDATE activity SET generation = generation + 1 WHERE id = ? AND generation = ?")
+                .bind(id.0)
+                .bind(from)
+                .execute(&mut *tx)
+                .await?;
             let row = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(id.0)
                 .fetch_one(&mut *tx)
                 .await?;
             commit(tx).await?;
-            Ok(registered_of_row(&row).map_err(TxError::Refused)?.intent)
+            Ok(Some(registered_of_row(&row).map_err(TxError::Refused)?.intent))
         })
         .await
     }

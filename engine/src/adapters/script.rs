@@ -9,7 +9,7 @@
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
 use crate::ports::{
     BucketImage, CacheBucket, CacheView, Claim, Gate, GateWrite, GaveUp, Intent, MetaView, PendingMark,
-    PortError, PortResult, Rebuilt, ReleaseKind, Released, ReserveOutcome, StockCache, Transfer,
+    PortError, PortResult, Rebuilt, ReleaseKind, Released, ReserveOutcome, StockCache, Transfer, WarmFrom,
     WarmupReport,
 };
 use std::future::Future;
@@ -526,13 +526,17 @@ pub fn decode_bucket<'a>(
 }
 
 impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
-    async fn warmup(&self, plan: &StockPlan, intent: &Intent) -> PortResult<WarmupReport> {
+    async fn warmup(&self, plan: &StockPlan, intent: &Intent, from: WarmFrom) -> PortResult<WarmupReport> {
         // The run id before any key: if Redis restarts (empty) while this warmup writes, the
         // meta it creates names the run before, and the recovery's check sees the loss.
         let epoch = self.conn.run_id().await?;
         let mut report = WarmupReport::default();
         for b in plan.all_buckets() {
-            let args = vec!["bucket".into(), plan.initial(b).to_string()];
+            let from = match from {
+                WarmFrom::Plan => "plan",
+                WarmFrom::Installed => "installed",
+            };
+            let args = vec!["bucket".into(), plan.initial(b).to_string(), from.into()];
             let keys = vec![stock_key(plan.activity, b), gate_key(plan.activity, b)];
             let reply = self.run("warmup", Script::Warmup, keys, args).await?;
             match tagged("warmup", &reply)? {
@@ -707,6 +711,15 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             ("absent", []) => Ok(Released::Absent),
             // The reconciler is republishing it: not the purchase's to give back.
             ("adopted", []) => Ok(Released::Adopted),
+            // A cancel's units cannot go back to a bucket Redis lost: not released yet (the
+            // reconciler gives them back after the recovery's rebuild, if it did not).
+            ("missing", []) => Err(PortError::determinate(
+                "release",
+                format!(
+                    "bucket {} of activity {} has no stock key (Redis lost it; the recovery rebuilds it)",
+                    r.bucket, r.activity
+                ),
+            )),
             _ => Err(bad_reply("release", &reply)),
         }
     }

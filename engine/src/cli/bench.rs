@@ -531,7 +531,11 @@ impl Strategy for RawReserve {
     fn setup(&self, _stock: u64) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             ScriptedStockCache::new(self.conn.clone())
-                .warmup(&self.plan, &crate::ports::Intent::FIRST)
+                .warmup(
+                    &self.plan,
+                    &crate::ports::Intent::FIRST,
+                    crate::ports::WarmFrom::Plan,
+                )
                 .await
                 .map_err(|e| e.to_string())?;
             self.conn
@@ -584,7 +588,7 @@ impl<B: OrderBus> Strategy for ServiceReserve<B> {
             let plan = StockPlan::new(&self.activity);
             let intent = crate::ports::Intent::FIRST;
             self.cache
-                .warmup(&plan, &intent)
+                .warmup(&plan, &intent, crate::ports::WarmFrom::Plan)
                 .await
                 .map_err(|e| e.to_string())?;
             self.service.load_activity(&crate::ports::Registered {

@@ -3,7 +3,8 @@
 //! stock and forgotten buyer marks, or with nothing.
 //!
 //! 1. Detect: the meta's epoch is not the server's run id now, or the meta, a stock key or a gate
-//!    is missing, or a claim or a recovering gate was left behind by a runner that died.
+//!    is missing, or a claim or a recovering gate was left behind by a runner that died, or a
+//!    gate carries an older generation than the registry's (its orders would all be refused).
 //! 2. Claim the activity with a fresh fence; the claim's deadline is Redis's own `TIME`. A live
 //!    claim of another runner is left alone; an expired one is taken over. Every renewal also
 //!    checks that Redis's run id is still the one read before the claim: a restart meanwhile
@@ -14,8 +15,10 @@
 //! 5. Rescue the outbox: every open reservation the ledger lacks is republished (adopted first,
 //!    so that its purchase cannot give it back meanwhile), stamped with the registry's current
 //!    generation (it is in Redis now, so it is no zombie); drain again.
-//! 6. Bump the generation (the ledger refuses older orders from here on), snapshot the ledger in
-//!    one consistent read, rebuild every bucket under the fence.
+//! 6. Bump the generation (the ledger refuses older orders from here on) — a compare-and-set on
+//!    the generation read before the rescue, so that a runner that stalled here past its lease
+//!    stops instead of putting the registry ahead of the gates its successor reopened — snapshot
+//!    the ledger in one consistent read, rebuild every bucket under the fence.
 //! 7. Reopen bucket by bucket to the registry's current intent with the new generation, then
 //!    finish the claim with the current run id as the epoch.
 //!
@@ -78,15 +81,21 @@ pub fn new_fence(rng: &mut impl rand::RngCore) -> String {
     format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64())
 }
 
-/// Step 1: why this activity needs a recovery, if it does.
-pub async fn needs_recovery<C: StockCache>(cache: &C, plan: &StockPlan) -> PortResult<Option<String>> {
-    needed_besides(cache, plan, None).await
+/// Step 1: why this activity needs a recovery, if it does; `generation` is the registry's (read
+/// before this look: a recovery bumps it only while its gates are closed).
+pub async fn needs_recovery<C: StockCache>(
+    cache: &C,
+    plan: &StockPlan,
+    generation: u64,
+) -> PortResult<Option<String>> {
+    needed_besides(cache, plan, generation, None).await
 }
 
 /// `needs_recovery`, not counting the claim `own` (this runner's, just taken).
 async fn needed_besides<C: StockCache>(
     cache: &C,
     plan: &StockPlan,
+    generation: u64,
     own: Option<&str>,
 ) -> PortResult<Option<String>> {
     let epoch = cache.epoch().await?;
@@ -109,6 +118,15 @@ async fn needed_besides<C: StockCache>(
             (_, None) => return Ok(Some(format!("bucket {} has no gate", b.bucket))),
             (_, Some(g)) if g.state == ActivityState::Recovering => {
                 return Ok(Some(format!("bucket {} was left recovering", b.bucket)))
+            }
+            // Every order reserved at this gate would be refused by the ledger as stale: a
+            // registry written past the gates (a bump that landed after the recovery that
+            // reopened them) is repaired by a recovery, not left to fail the whole sale.
+            (_, Some(g)) if g.generation < generation => {
+                return Ok(Some(format!(
+                    "bucket {} is at generation {}, the registry at {generation}",
+                    b.bucket, g.generation
+                )))
             }
             _ => {}
         }
@@ -232,7 +250,8 @@ pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
     cfg: &RecoveryConfig,
     fence: &str,
 ) -> PortResult<Recovery> {
-    let Some(cause) = needs_recovery(cache, plan).await? else {
+    let generation = registered(ledger, plan).await?.intent.generation;
+    let Some(cause) = needs_recovery(cache, plan, generation).await? else {
         return Ok(Recovery::NotNeeded);
     };
     let epoch = cache.epoch().await?;
@@ -244,7 +263,11 @@ pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
     // found none to take over): what it recovered needs nothing more. Without this look, two
     // runners waiting on each other's claims would recover in turn, each bumping the generation
     // and closing the sale again for a recovery that changes nothing.
-    if previous.is_none() && needed_besides(cache, plan, Some(fence)).await?.is_none() {
+    if previous.is_none()
+        && needed_besides(cache, plan, generation, Some(fence))
+            .await?
+            .is_none()
+    {
         // The meta holds Redis's run id now (the look compared them): finish leaves it so.
         cache.finish(plan, fence, &cache.epoch().await?).await?;
         return Ok(Recovery::NotNeeded);
@@ -272,6 +295,13 @@ pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
     claimed(cache, ledger, bus, plan, cfg, fence, epoch, cause)
         .await
         .map(Ok)
+}
+
+/// The activity's registry row (it must be installed to be recovered).
+async fn registered<L: Ledger>(ledger: &L, plan: &StockPlan) -> PortResult<crate::ports::Registered> {
+    ledger.registry(plan.activity).await?.ok_or_else(|| {
+        PortError::determinate("recover", format!("activity {} is not installed", plan.activity))
+    })
 }
 
 fn lease_ms(cfg: &RecoveryConfig) -> u64 {
@@ -344,9 +374,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     }
 
     // Step 5: the outbox. What is still open in Redis and not in the ledger was told "queued".
-    let registry = ledger.registry(plan.activity).await?.ok_or_else(|| {
-        PortError::determinate("recover", format!("activity {} is not installed", plan.activity))
-    })?;
+    let registry = registered(ledger, plan).await?;
     let open: Vec<Reservation> = cache
         .summary(plan)
         .await?
@@ -405,8 +433,31 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     }
     held.keep().await?;
 
+    // Fault point: a runner stalled between its last renewal and the bump, once per run far past
+    // its lease (another runner takes over, recovers and reopens meanwhile: only the bump's
+    // compare-and-set keeps this one from writing the registry past the reopened gates).
+    #[cfg(madsim)]
+    {
+        let floor = Duration::from_millis(lease_ms(cfg)) + cfg.quiesce * 2 + Duration::from_secs(1);
+        crate::planted::stall_once_past(3, 2, floor, floor + Duration::from_secs(5)).await;
+    }
     // Step 6: from here the ledger refuses orders reserved before the loss.
-    let intent = ledger.bump_generation(plan.activity).await?;
+    #[cfg(madsim)]
+    let from = match crate::planted::on(crate::planted::Bug::UnfencedBump) {
+        // Planted: whatever the registry holds now is bumped, as an unconditional UPDATE would.
+        true => registered(ledger, plan).await?.intent.generation,
+        false => registry.intent.generation,
+    };
+    #[cfg(not(madsim))]
+    let from = registry.intent.generation;
+    let Some(intent) = ledger.bump_generation(plan.activity, from).await? else {
+        return Err(PortError::determinate(
+            "recover",
+            format!(
+                "the registry's generation moved past {from} during the recovery: another runner recovered meanwhile"
+            ),
+        ));
+    };
     let db = ledger.snapshot(plan.activity).await?;
     let mut report = RecoveryReport {
         cause,

@@ -133,7 +133,7 @@ async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
     let cause = if new {
         None
     } else {
-        jobs::needs_recovery(cache, plan).await?
+        jobs::needs_recovery(cache, plan, registry.intent.generation).await?
     };
     let cause = match cause {
         Some(cause) => cause,
@@ -142,7 +142,11 @@ async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
             // key meanwhile: only the gate left behind tells the warmup not to refill it).
             #[cfg(madsim)]
             crate::planted::stall(2, std::time::Duration::from_millis(1_500)).await;
-            let report = cache.warmup(plan, &registry.intent).await?;
+            let from = match new {
+                true => crate::ports::WarmFrom::Plan,
+                false => crate::ports::WarmFrom::Installed,
+            };
+            let report = cache.warmup(plan, &registry.intent, from).await?;
             if report.lost == 0 {
                 return Ok(Warmed::FromPlan(report));
             }

@@ -5,9 +5,17 @@
 //! point redelivers instead of losing; redelivery is harmless because the ledger dedupes by
 //! reservation id. Redis follow-ups (settle/release) never block the commit: a reservation left
 //! open by a failed follow-up is closed by the reconciler, which sees the ledger holds it.
+//!
+//! And no record is skipped: a batch that failed is delivered again only if the source rewinds
+//! (a Kafka consumer's position is already past it), so after a failed rewind nothing more is
+//! polled until a rewind succeeds; and a batch that starts past where this member's last batch of
+//! a partition began or ended (records skipped, whatever the cause) is never committed.
 
 use crate::domain::Reservation;
-use crate::ports::{ApplyOutcome, Ledger, OrderSource, PortError, PortResult, ReleaseKind, StockCache};
+use crate::ports::{
+    ApplyOutcome, Delivery, Ledger, OrderSource, PortError, PortResult, ReleaseKind, StockCache,
+};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -67,6 +75,15 @@ pub struct OrderConsumer<L, C, S> {
     cache: C,
     source: S,
     max_batch: usize,
+    /// A batch failed and its rewind did not succeed: the source's position may be past records
+    /// nobody applied, so nothing is polled until a rewind succeeds.
+    rewind_due: bool,
+    /// Per partition, the offset the next batch may start at, at the latest: where the last
+    /// committed batch ended, or where the first batch handed out since began. Forgotten at
+    /// every rewind (the source starts again at the group's committed offsets). A partition
+    /// that moved to another member and came back may start later (the other member committed
+    /// past it): that costs one rewind, never a skipped record.
+    next: BTreeMap<u32, u64>,
 }
 
 impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
@@ -76,6 +93,8 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
             cache,
             source,
             max_batch: max_batch.max(1),
+            rewind_due: false,
+            next: BTreeMap::new(),
         }
     }
 
@@ -86,12 +105,15 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
     /// One poll → apply → follow-up → commit cycle. On an error nothing is committed and the
     /// source is rewound, so the same records come again.
     pub async fn run_once(&mut self) -> PortResult<BatchReport> {
+        if self.rewind_due {
+            self.rewind().await?;
+        }
         let batch = match self.source.poll(self.max_batch).await {
             Ok(batch) => batch,
             Err(e) => {
                 // A source must not advance past records it did not return; rewinding anyway
                 // costs one re-read and guards against one that does.
-                let _ = self.source.rewind().await;
+                self.rewind_after_failure().await;
                 return Err(e);
             }
         };
@@ -102,13 +124,71 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
         if batch.is_empty() {
             return Ok(report);
         }
-        let result = self.process(&batch, &mut report).await;
+        let result = match self.skipped(&batch) {
+            Some(gap) => Err(gap),
+            None => self.process(&batch, &mut report).await,
+        };
         if let Err(e) = result {
-            // Best effort: if the rewind fails too, the source resyncs on its next rebalance.
-            let _ = self.source.rewind().await;
+            self.rewind_after_failure().await;
             return Err(e);
         }
+        for d in &batch {
+            let next = self.next.entry(d.partition).or_default();
+            *next = (*next).max(d.offset + 1);
+        }
         Ok(report)
+    }
+
+    /// Rewind the source; a failure leaves the rewind due (nothing is polled before it is done).
+    async fn rewind(&mut self) -> PortResult<()> {
+        self.rewind_due = true;
+        self.next.clear();
+        self.source.rewind().await?;
+        self.rewind_due = false;
+        Ok(())
+    }
+
+    async fn rewind_after_failure(&mut self) {
+        #[cfg(madsim)]
+        if crate::planted::on(crate::planted::Bug::FailedRewindIgnored) {
+            // Planted: best effort, as if the source resynced by itself.
+            let _ = self.source.rewind().await;
+            return;
+        }
+        if let Err(e) = self.rewind().await {
+            metrics::counter!("seckill_consumer_rewind_failures_total").increment(1);
+            tracing::warn!(error = %e, "rewind failed; nothing is polled until one succeeds");
+        }
+    }
+
+    /// Does `batch` start past a record of its partition that this member has not applied?
+    /// (Then committing it would skip that record for good.) Records the start of a partition
+    /// seen for the first time since the last rewind.
+    fn skipped(&mut self, batch: &[Delivery]) -> Option<PortError> {
+        #[cfg(madsim)]
+        if crate::planted::on(crate::planted::Bug::FailedRewindIgnored) {
+            return None;
+        }
+        let mut first: BTreeMap<u32, u64> = BTreeMap::new();
+        for d in batch {
+            let f = first.entry(d.partition).or_insert(d.offset);
+            *f = (*f).min(d.offset);
+        }
+        for (p, at) in first {
+            match self.next.get(&p) {
+                Some(&next) if at > next => {
+                    return Some(PortError::determinate(
+                        "poll",
+                        format!("partition {p}: the batch starts at offset {at}, records from {next} were never applied"),
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    self.next.insert(p, at);
+                }
+            }
+        }
+        None
     }
 
     async fn process(

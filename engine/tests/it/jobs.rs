@@ -475,8 +475,12 @@ impl Ledger for SlipIn {
     ) -> impl Future<Output = PortResult<Option<Intent>>> + Send {
         self.inner.set_intent(id, s)
     }
-    fn bump_generation(&self, id: ActivityId) -> impl Future<Output = PortResult<Intent>> + Send {
-        self.inner.bump_generation(id)
+    fn bump_generation(
+        &self,
+        id: ActivityId,
+        from: u64,
+    ) -> impl Future<Output = PortResult<Option<Intent>>> + Send {
+        self.inner.bump_generation(id, from)
     }
     fn transfer(&self, a: ActivityId, t: &Transfer) -> impl Future<Output = PortResult<bool>> + Send {
         self.inner.transfer(a, t)

@@ -138,7 +138,11 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     };
     b.ledger.install(&act, &plan).await.unwrap();
     b.cache
-        .warmup(&plan, &seckill_engine::ports::Intent::FIRST)
+        .warmup(
+            &plan,
+            &seckill_engine::ports::Intent::FIRST,
+            seckill_engine::ports::WarmFrom::Plan,
+        )
         .await
         .unwrap();
     let mut w = World {

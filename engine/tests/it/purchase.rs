@@ -38,7 +38,10 @@ pub async fn rig(stock: u64, buckets: u32, pct: u8, now_ms: u64) -> Rig {
     let ledger = EmbeddedLedger::new();
     ledger.install(&act, &plan).await.unwrap();
     let registered = ledger.registry(A).await.unwrap().unwrap();
-    cache.warmup(&plan, &registered.intent).await.unwrap();
+    cache
+        .warmup(&plan, &registered.intent, seckill_engine::ports::WarmFrom::Plan)
+        .await
+        .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let service = PurchaseService::new(
         cache.clone(),

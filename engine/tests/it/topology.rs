@@ -203,7 +203,11 @@ async fn a_stock_key_lost_after_the_warmup_check_is_recovered_never_refilled() {
 
     // The warmup's own write, as if its check had passed just before the loss.
     let intent = w.ledger.registry(A).await.unwrap().unwrap().intent;
-    let report = w.cache.warmup(&w.plan, &intent).await.unwrap();
+    let report = w
+        .cache
+        .warmup(&w.plan, &intent, seckill_engine::ports::WarmFrom::Installed)
+        .await
+        .unwrap();
     assert_eq!((report.created, report.lost), (0, 1), "{report:?}");
     let view = w.cache.summary(&w.plan).await.unwrap();
     assert_eq!(view.buckets[0].stock, None, "nothing refilled from the plan");
@@ -253,7 +257,10 @@ async fn a_transfer_never_gives_into_a_lost_stock_key() {
         view.buckets[1].stock, None,
         "no stock key made of the moved units alone"
     );
-    assert!(jobs::needs_recovery(&w.cache, &w.plan).await.unwrap().is_some());
+    assert!(jobs::needs_recovery(&w.cache, &w.plan, 0)
+        .await
+        .unwrap()
+        .is_some());
 }
 
 /// A rebalancer stalled between its take and its ledger step while a recovery ran: the

@@ -316,13 +316,16 @@ impl Ledger for EmbeddedLedger {
         }))
     }
 
-    async fn bump_generation(&self, id: ActivityId) -> PortResult<Intent> {
+    async fn bump_generation(&self, id: ActivityId, from: u64) -> PortResult<Option<Intent>> {
         let mut st = self.lock();
         let r = st.activities.get_mut(&id).ok_or_else(|| {
             PortError::determinate("bump generation", format!("activity {id} is not installed"))
         })?;
+        if r.intent.generation != from {
+            return Ok(None);
+        }
         r.intent.generation += 1;
-        Ok(r.intent.clone())
+        Ok(Some(r.intent.clone()))
     }
 
     async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {

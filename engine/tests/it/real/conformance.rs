@@ -52,7 +52,11 @@ async fn cluster_spreads_one_activity_over_its_nodes() {
     };
     let plan = StockPlan::new(&activity(unique_id(), 1_000, 32, 10));
     cache
-        .warmup(&plan, &seckill_engine::ports::Intent::FIRST)
+        .warmup(
+            &plan,
+            &seckill_engine::ports::Intent::FIRST,
+            seckill_engine::ports::WarmFrom::Plan,
+        )
         .await
         .expect("warmup on the cluster");
     let conn: &RedisConn = cache.conn();

@@ -221,7 +221,15 @@ async fn run_cache_ops<C: ScriptConn>(
     };
     for (i, op) in ops.iter().enumerate() {
         let line = match op {
-            CacheOp::Warmup => outcome(&cache.warmup(plan, &seckill_engine::ports::Intent::FIRST).await),
+            CacheOp::Warmup => outcome(
+                &cache
+                    .warmup(
+                        plan,
+                        &seckill_engine::ports::Intent::FIRST,
+                        seckill_engine::ports::WarmFrom::Plan,
+                    )
+                    .await,
+            ),
             CacheOp::Reserve { user, qty } => {
                 let r = cache
                     .reserve(

@@ -122,7 +122,10 @@ async fn redis_down_answers_unavailable_fast_and_moves_no_stock() {
     let cache = connect_stock_cache(&cfg).await.expect("connect");
     let a = activity(unique_id(), 10, 2, 0);
     let plan = StockPlan::new(&a);
-    cache.warmup(&plan, &Intent::FIRST).await.unwrap();
+    cache
+        .warmup(&plan, &Intent::FIRST, seckill_engine::ports::WarmFrom::Plan)
+        .await
+        .unwrap();
     let bus = EmbeddedBus::new(3, 100);
     let svc = service_for(cache.clone(), bus.clone());
     svc.load_activity(&Registered {
@@ -189,7 +192,10 @@ async fn kafka_stopped_leaves_reservations_open_and_orders_appear_after_it_retur
     let a = activity(unique_id(), 10, 2, 0);
     let plan = StockPlan::new(&a);
     ledger.install(&a, &plan).await.unwrap();
-    cache.warmup(&plan, &Intent::FIRST).await.unwrap();
+    cache
+        .warmup(&plan, &Intent::FIRST, seckill_engine::ports::WarmFrom::Plan)
+        .await
+        .unwrap();
     let svc = service_for(cache.clone(), bus.clone());
     svc.load_activity(&Registered {
         activity: a.clone(),
