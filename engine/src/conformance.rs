@@ -14,7 +14,7 @@ use crate::domain::{
 use crate::ports::{
     ApplyOutcome, BucketImage, CancelOutcome, Claim, GateWrite, GaveUp, Intent, JournalKind, Ledger,
     OrderBus, OrderSource, OrderStatus, PayOutcome, Rebuilt, ReconcileView, ReleaseKind, ReserveOutcome,
-    StockCache, Transfer,
+    StockCache, Transfer, WarmFrom,
 };
 use std::future::Future;
 
@@ -104,10 +104,7 @@ where
         );
         // an installed activity's warmup never writes a stock key from the plan, even where
         // Redis holds nothing of it (it may have lost everything after selling)
-        let installed = c
-            .warmup(&plan, &OPEN, crate::ports::WarmFrom::Installed)
-            .await
-            .unwrap();
+        let installed = c.warmup(&plan, &OPEN, WarmFrom::Installed).await.unwrap();
         assert_eq!(
             (installed.created, installed.existing, installed.lost),
             (0, 0, 3),
@@ -115,20 +112,14 @@ where
         );
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, None, "nothing written");
         assert!(c.meta(plan.activity).await.unwrap().is_none(), "no meta written");
-        let first = c
-            .warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        let first = c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         assert_eq!(
             (first.created, first.existing),
             (3, 0),
             "warmup: creates all buckets"
         );
         reserved(reserve(&c, &plan, u, 2).await, "warmup");
-        let again = c
-            .warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        let again = c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         assert_eq!((again.created, again.existing), (0, 3), "warmup: idempotent");
         assert_eq!(
             stock_of(&c, &plan, BucketNo(0)).await,
@@ -152,9 +143,7 @@ where
         let mut other = plan.clone();
         other.version = "0000000000000000".into();
         assert!(
-            c.warmup(&other, &OPEN, crate::ports::WarmFrom::Plan)
-                .await
-                .is_err(),
+            c.warmup(&other, &OPEN, WarmFrom::Plan).await.is_err(),
             "warmup: a different plan version is refused"
         );
     }
@@ -163,9 +152,7 @@ where
     {
         let c = make().await;
         let plan = fresh(4, 2, 0); // 2 + 2 units, no fallback
-        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         let users = users_in(&plan, BucketNo(1), 3);
         let r = reserved(reserve(&c, &plan, users[0], 1).await, "own");
         assert_eq!(
@@ -217,9 +204,7 @@ where
     {
         let c = make().await;
         let plan = fresh(10, 1, 20); // bucket 0: 8 units, fallback (bucket 1): 2
-        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         let users = users_in(&plan, BucketNo(0), 12);
         for (i, u) in users[..8].iter().enumerate() {
             reserved(reserve(&c, &plan, *u, i as u128).await, "fill own");
@@ -322,9 +307,7 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         let users = users_in(&plan, BucketNo(0), 3);
         let a = reserved(reserve(&c, &plan, users[0], 1).await, "open gate");
         assert_eq!(a.generation, 0, "stamped with the gate's generation");
@@ -355,13 +338,9 @@ where
             c.set_gates(&plan, &closed).await.unwrap(),
             vec![GateWrite::Applied; 2]
         );
-        c.warmup(
-            &plan,
-            &intent(ActivityState::Open, 9, 0),
-            crate::ports::WarmFrom::Plan,
-        )
-        .await
-        .unwrap();
+        c.warmup(&plan, &intent(ActivityState::Open, 9, 0), WarmFrom::Plan)
+            .await
+            .unwrap();
         assert_eq!(
             reserve(&c, &plan, users[1], 3).await,
             ReserveOutcome::Gated(ActivityState::Closed),
@@ -378,9 +357,7 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         let epoch = c.epoch().await.unwrap();
         assert_eq!(
             c.epoch().await.unwrap(),
@@ -525,9 +502,7 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         let users = users_in(&plan, BucketNo(0), 1);
         let e = reserved(reserve(&c, &plan, users[0], 4).await, "e");
         assert!(c.adopt(&e).await.unwrap(), "adopt an open reservation");
@@ -548,9 +523,7 @@ where
     {
         let c = make().await;
         let plan = fresh(10, 2, 0); // 5 + 5
-        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         let t = Transfer {
             id: "t-1".into(),
             from: BucketNo(0),
@@ -592,13 +565,9 @@ where
     {
         let c = make().await;
         let plan = fresh(10, 2, 0);
-        c.warmup(
-            &plan,
-            &intent(ActivityState::Open, 1, 3),
-            crate::ports::WarmFrom::Plan,
-        )
-        .await
-        .unwrap();
+        c.warmup(&plan, &intent(ActivityState::Open, 1, 3), WarmFrom::Plan)
+            .await
+            .unwrap();
         let t = Transfer {
             id: "t-g".into(),
             from: BucketNo(0),
@@ -624,9 +593,7 @@ where
     {
         let c = make().await;
         let plan = fresh(6, 1, 0);
-        c.warmup(&plan, &OPEN, crate::ports::WarmFrom::Plan)
-            .await
-            .unwrap();
+        c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
         let users = users_in(&plan, BucketNo(0), 3);
         let a = reserved(reserve(&c, &plan, users[0], 1).await, "a");
         let b = reserved(reserve(&c, &plan, users[1], 2).await, "b");

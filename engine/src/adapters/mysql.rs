@@ -691,37 +691,29 @@ impl Ledger for MysqlLedger {
     async fn bump_generation(&self, id: ActivityId, from: u64) -> PortResult<Option<Intent>> {
         retrying("bump generation", || async {
             let mut tx = self.pool.begin().await?;
-            // Locked first: the compare below and the update see the same, latest row.
-            let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity WHERE id = ? FOR UPDATE");
-            let row = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            let bumped = sqlx::query(
+                "UPDATE activity SET generation = generation + 1 WHERE id = ? AND generation = ?",
+            )
+            .bind(id.0)
+            .bind(from)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity WHERE id = ?");
+            let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(id.0)
                 .fetch_optional(&mut *tx)
-                .await?;
-            let Some(row) = row else {
+                .await?
+            else {
                 return Err(TxError::Refused(PortError::determinate(
                     "bump generation",
                     format!("activity {id} is not installed"),
                 )));
             };
-            if registered_of_row(&row)
-                .map_err(TxError::Refused)?
-                .intent
-                .generation
-                != from
-            {
-                return Ok(None);
-            }
-            sqlx::query("UPDATE activity SET generation = generation + 1 WHERE id = ? AND generation = ?")
-                .bind(id.0)
-                .bind(from)
-                .execute(&mut *tx)
-                .await?;
-            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(id.0)
-                .fetch_one(&mut *tx)
-                .await?;
             commit(tx).await?;
-            Ok(Some(registered_of_row(&row).map_err(TxError::Refused)?.intent))
+            let intent = registered_of_row(&row).map_err(TxError::Refused)?.intent;
+            Ok(bumped.then_some(intent))
         })
         .await
     }

@@ -531,11 +531,11 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         // meta it creates names the run before, and the recovery's check sees the loss.
         let epoch = self.conn.run_id().await?;
         let mut report = WarmupReport::default();
+        let from = match from {
+            WarmFrom::Plan => "plan",
+            WarmFrom::Installed => "installed",
+        };
         for b in plan.all_buckets() {
-            let from = match from {
-                WarmFrom::Plan => "plan",
-                WarmFrom::Installed => "installed",
-            };
             let args = vec!["bucket".into(), plan.initial(b).to_string(), from.into()];
             let keys = vec![stock_key(plan.activity, b), gate_key(plan.activity, b)];
             let reply = self.run("warmup", Script::Warmup, keys, args).await?;
