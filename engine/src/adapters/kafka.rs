@@ -516,11 +516,17 @@ impl OrderSource for KafkaSource {
                 Err(_) => return Ok(Vec::new()),
             }
         }
-        // Then whatever is already fetched, without waiting.
+        // Then whatever is already fetched, without waiting. An error after the first record
+        // ends the batch instead of dropping what was taken: the consumer's position is past
+        // those records already, so the batch goes on to the ledger (the error, if it lasts,
+        // comes back on the next poll).
         while batch.len() < max {
             match self.consumer.recv().now_or_never() {
                 Some(Ok(m)) => batch.push(delivery_of(&m)),
-                Some(Err(e)) => return Err(kafka_err("poll", e)),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "poll: an error after {} records ends the batch", batch.len());
+                    break;
+                }
                 None => break,
             }
         }
@@ -571,7 +577,11 @@ impl OrderSource for KafkaSource {
                 };
                 tpl.add_partition_offset(e.topic(), e.partition(), to)?;
             }
-            consumer.seek_partitions(tpl, timeout).map(|_| ())
+            // A seek refused for one partition is reported in its element, not as the call's
+            // error: a rewind that left any partition where it was has failed (the consumer then
+            // polls nothing until one succeeds).
+            let seeked = consumer.seek_partitions(tpl, timeout)?;
+            seeked.elements().iter().try_for_each(|e| e.error())
         })
         .await
     }

@@ -254,15 +254,47 @@ pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
     let Some(cause) = needs_recovery(cache, plan, generation).await? else {
         return Ok(Recovery::NotNeeded);
     };
+    claim_and_recover(cache, ledger, bus, plan, cfg, fence, generation, cause).await
+}
+
+/// Run the fenced recovery now, whatever the detection said (warmup of an activity that already
+/// has orders runs it, DESIGN §11.2) — unless, once claimed, nothing needs it: see
+/// `claim_and_recover`.
+pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+    cfg: &RecoveryConfig,
+    fence: &str,
+    cause: String,
+) -> PortResult<Recovery> {
+    let generation = registered(ledger, plan).await?.intent.generation;
+    claim_and_recover(cache, ledger, bus, plan, cfg, fence, generation, cause).await
+}
+
+/// Claim, then recover — unless the claim took over nothing and Redis needs nothing besides
+/// it: the claim seen unfinished may have finished between the look and this claim, and what
+/// it recovered needs nothing more. Without this look, two runners waiting on each other's
+/// claims would recover in turn, each bumping the generation and closing the sale again for a
+/// recovery that changes nothing (and a warmup that saw a recovery finishing ran a whole one:
+/// simulation operator seed 90630).
+#[allow(clippy::too_many_arguments)]
+async fn claim_and_recover<C: StockCache, L: Ledger, B: OrderBus>(
+    cache: &C,
+    ledger: &L,
+    bus: &B,
+    plan: &StockPlan,
+    cfg: &RecoveryConfig,
+    fence: &str,
+    generation: u64,
+    cause: String,
+) -> PortResult<Recovery> {
     let epoch = cache.epoch().await?;
     let previous = match claim(cache, plan, cfg, fence).await? {
         Ok(previous) => previous,
         Err(busy) => return Ok(Recovery::Busy(busy)),
     };
-    // The claim seen unfinished may have finished between the look and this claim (which then
-    // found none to take over): what it recovered needs nothing more. Without this look, two
-    // runners waiting on each other's claims would recover in turn, each bumping the generation
-    // and closing the sale again for a recovery that changes nothing.
     if previous.is_none()
         && needed_besides(cache, plan, generation, Some(fence))
             .await?
@@ -275,26 +307,6 @@ pub async fn recover_if_needed<C: StockCache, L: Ledger, B: OrderBus>(
     claimed(cache, ledger, bus, plan, cfg, fence, epoch, cause)
         .await
         .map(Recovery::Recovered)
-}
-
-/// Run the fenced recovery now, whatever the detection says (warmup of an activity that already
-/// has orders runs it, DESIGN §11.2).
-pub async fn recover<C: StockCache, L: Ledger, B: OrderBus>(
-    cache: &C,
-    ledger: &L,
-    bus: &B,
-    plan: &StockPlan,
-    cfg: &RecoveryConfig,
-    fence: &str,
-    cause: String,
-) -> PortResult<Result<RecoveryReport, Busy>> {
-    let epoch = cache.epoch().await?;
-    if let Err(busy) = claim(cache, plan, cfg, fence).await? {
-        return Ok(Err(busy));
-    }
-    claimed(cache, ledger, bus, plan, cfg, fence, epoch, cause)
-        .await
-        .map(Ok)
 }
 
 /// The activity's registry row (it must be installed to be recovered).

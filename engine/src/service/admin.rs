@@ -156,8 +156,13 @@ async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
     };
     let cause = format!("warmup of an installed activity: {cause}");
     match jobs::recover(cache, ledger, bus, plan, recovery, fence, cause).await? {
-        Ok(r) => Ok(Warmed::Recovered(r)),
-        Err(busy) => Err(AdminError::Busy {
+        jobs::Recovery::Recovered(r) => Ok(Warmed::Recovered(r)),
+        // A recovery finished between the look and the claim: the activity is whole.
+        jobs::Recovery::NotNeeded => Ok(Warmed::FromPlan(WarmupReport {
+            existing: plan.all_buckets().count() as u32,
+            ..Default::default()
+        })),
+        jobs::Recovery::Busy(busy) => Err(AdminError::Busy {
             activity: plan.activity,
             fence: busy.fence,
             ms_left: busy.ms_left,

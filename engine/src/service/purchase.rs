@@ -98,6 +98,9 @@ struct LocalActivity {
     plan: StockPlan,
     /// The registry's intent as last read (encoded by `state_code`).
     intent: AtomicU64,
+    /// The registry's generation as last read: a reservation stamped older was made at a gate a
+    /// recovery left behind, and its order would be refused by the ledger (DESIGN §11.3).
+    generation: AtomicU64,
     /// A recovery is under way (the meta carries a claim, or Redis lost the meta).
     recovering: std::sync::atomic::AtomicBool,
     /// Per bucket (fallback last): clock ms until which the bucket is known empty; 0 = unknown.
@@ -189,12 +192,14 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                 local
                     .intent
                     .store(state_code(reg.intent.state), Ordering::Relaxed);
+                local.generation.store(reg.intent.generation, Ordering::Relaxed);
                 return;
             }
         }
         let plan = StockPlan::new(&reg.activity);
         let local = LocalActivity {
             intent: AtomicU64::new(state_code(reg.intent.state)),
+            generation: AtomicU64::new(reg.intent.generation),
             recovering: Default::default(),
             empty_until_ms: plan.units.iter().map(|_| AtomicU64::new(0)).collect(),
             moves: AtomicU64::new(0),
@@ -344,7 +349,19 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         #[cfg(madsim)]
         crate::planted::stall(20, std::time::Duration::from_millis(4_000)).await;
         let (from_fallback, attempt) = (reservation.bucket != own, reservation.id);
-        let (answer, pending) = self.publish(&local.plan, reservation).await;
+        let known = local.generation.load(Ordering::Relaxed);
+        let (answer, pending) = if reservation.generation < known {
+            // Reserved at a gate of an older generation than the registry's (a gate a late
+            // registry write left behind, or a process that woke up after a recovery): the
+            // ledger would refuse the order. The units go back, the user may try again.
+            let why = format!(
+                "activity {a} is at generation {known}, the reservation was made at {}",
+                reservation.generation
+            );
+            self.give_back(reservation, why).await
+        } else {
+            self.publish(&local.plan, reservation).await
+        };
         // A unit won from the fallback left the own bucket's pending mark in place until the
         // publish's outcome was known: keep the mark if the order may exist, clear it if the
         // units certainly went back. Left alone (or after a crash before this line), the
@@ -420,6 +437,12 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         // republish age (it adopts and republishes the reservation meanwhile).
         #[cfg(madsim)]
         crate::planted::stall(4, std::time::Duration::from_millis(3_000)).await;
+        self.give_back(reservation, format!("order bus: {e}")).await
+    }
+
+    /// Give back a reservation that certainly was not published (`why`), and answer; with the
+    /// answer, what a pending-fallback mark should become (see `publish`).
+    async fn give_back(&self, reservation: Reservation, why: String) -> (PurchaseOutcome, Option<bool>) {
         let released = self
             .inner
             .cache
@@ -430,13 +453,13 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         #[cfg(madsim)]
         crate::planted::stall(20, std::time::Duration::from_millis(2_000)).await;
         match released {
-            Ok(Released::Released) => (unavailable(format!("order bus: {e}")), Some(false)),
+            Ok(Released::Released) => (unavailable(why), Some(false)),
             Ok(Released::Adopted) => (PurchaseOutcome::Queued(reservation), Some(true)),
             // Gone from Redis: lost with Redis data (no order then), or rescued, applied and
             // settled by a recovery meanwhile (an order then). Not known here.
             Ok(Released::Absent) => (
                 unavailable(format!(
-                    "order bus: {e}; the reservation is no longer in Redis (check the order's status)"
+                    "{why}; the reservation is no longer in Redis (check the order's status)"
                 )),
                 None,
             ),
@@ -447,7 +470,7 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             // promise either way.
             Err(release) => (
                 unavailable(format!(
-                    "order bus: {e}; giving the units back: {release} (check the order's status)"
+                    "{why}; giving the units back: {release} (check the order's status)"
                 )),
                 None,
             ),

@@ -217,6 +217,33 @@ async fn determinate_publish_failure_gives_the_unit_back_and_allows_a_retry() {
     assert!(matches!(rig.buy(UserId(5)).await, PurchaseOutcome::Queued(_)));
 }
 
+/// A gate left at an older generation than the registry's (a registry write that landed after
+/// the recovery that reopened the gates): its reserves would all become orders the ledger refuses
+/// as stale. The purchase path knows the registry's generation from its refresher and gives the
+/// units back instead of publishing a doomed order; the user is not locked out.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_older_than_the_registrys_generation_is_given_back() {
+    let rig = rig(4, 1, 0, 1_500).await;
+    let before = rig.stocks().await;
+    assert_eq!(
+        rig.ledger
+            .bump_generation(A, 0)
+            .await
+            .unwrap()
+            .map(|i| i.generation),
+        Some(1)
+    );
+    rig.refresh().await;
+    let out = rig.buy(UserId(5)).await;
+    assert!(
+        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("generation 1")),
+        "{out:?}"
+    );
+    assert_eq!(rig.stocks().await, before, "the unit is back");
+    assert_eq!(rig.status(UserId(5)).await, OrderState::None);
+    assert_eq!(rig.bus.lag("test").await.unwrap(), 0, "nothing published");
+}
+
 /// A fallback winner whose publish certainly failed may buy again: the units go back to the
 /// fallback and the own bucket's pending mark is cleared. (Before, the "unpublished" release
 /// cleared the mark only in the fallback bucket, and every retry answered `duplicate`.)
