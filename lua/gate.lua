@@ -17,7 +17,10 @@
 -- op "set"     ARGV intent, version, generation      the operator's pause / resume / close
 --   -> {"ok"} (applied) | {"recovering"} (intent recorded; the reopen applies it)
 --    | {"stale"} (a newer intent is already here) | {"missing"} (nothing to gate: closed already)
--- op "close"   ARGV fence                            recovery step 3 -> {"closed"}
+-- op "close"   ARGV fence, generation                recovery step 3 -> {"closed"}
+--   | {"newer", generation}: the gate carries a newer generation than the caller's registry
+--   read — a recovery the caller did not see reopened it since, and the caller's claim is stale
+--   (a runner paused between its claim and its close must not halt the sale again)
 -- op "reopen"  ARGV fence, intent, version, generation
 --   -> {"reopened", state} | {"fenced"} (another claim holds the gate, or it is not recovering)
 -- op "read"    -> the value, or false
@@ -102,6 +105,13 @@ elseif op == "close" then
   local fence = fence_arg(2)
   if not fence then
     return redis.error_reply("ERR gate: fence must be alphanumeric")
+  end
+  local generation = tonumber(ARGV[3])
+  if not generation or generation < 0 or generation ~= math.floor(generation) then
+    return redis.error_reply("ERR gate: generation must be a non-negative integer")
+  end
+  if gate and gate.generation > generation then
+    return {"newer", gate.generation}
   end
   gate = gate or { intent = "closed", version = 0, generation = 0 }
   gate.state, gate.fence = "recovering", fence

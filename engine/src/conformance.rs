@@ -388,7 +388,7 @@ where
             c.meta(plan.activity).await.unwrap().unwrap().claim.as_deref(),
             Some("f1")
         );
-        c.close_gates(&plan, "f1").await.unwrap();
+        assert!(c.close_gates(&plan, "f1", 0).await.unwrap());
         assert_eq!(
             reserve(&c, &plan, users[1], 2).await,
             ReserveOutcome::Gated(ActivityState::Recovering),
@@ -587,6 +587,17 @@ where
             vec![t],
             "the generation reads back"
         );
+        // a runner that read generation 2 before its claim finds gates of 3 (a recovery it did
+        // not see reopened them): its close is refused and leaves every gate open
+        assert!(!c.close_gates(&plan, "f2", 2).await.unwrap(), "a stale close");
+        let view = c.snapshot(&plan).await.unwrap();
+        assert!(
+            view.buckets
+                .iter()
+                .all(|b| b.gate.as_ref().map(|g| g.state) == Some(ActivityState::Open)),
+            "no gate closed: {view:?}"
+        );
+        assert!(c.close_gates(&plan, "f3", 3).await.unwrap(), "a current close");
     }
 
     // release and settle: each kind, each idempotent.

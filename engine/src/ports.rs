@@ -334,8 +334,16 @@ pub trait StockCache: Clone + Send + Sync + 'static {
         lease_ms: u64,
     ) -> impl Future<Output = PortResult<bool>> + Send;
 
-    /// Recovery step 3: close every gate with the fence (`recovering`).
-    fn close_gates(&self, plan: &StockPlan, fence: &str) -> impl Future<Output = PortResult<()>> + Send;
+    /// Recovery step 3: close every gate with the fence (`recovering`). `generation` is the
+    /// registry's as the caller read it before its claim: `Ok(false)` when a gate carries a newer
+    /// one (a recovery the caller did not see has reopened it: the caller's claim is stale, and
+    /// it closes no further gate).
+    fn close_gates(
+        &self,
+        plan: &StockPlan,
+        fence: &str,
+        generation: u64,
+    ) -> impl Future<Output = PortResult<bool>> + Send;
 
     /// Recovery step 7, one bucket: reopen its gate to `intent` (or the newer intent the gate
     /// holds) with the intent's generation. `Ok(false)`: the gate does not carry the fence.

@@ -835,16 +835,17 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         }
     }
 
-    async fn close_gates(&self, plan: &StockPlan, fence: &str) -> PortResult<()> {
+    async fn close_gates(&self, plan: &StockPlan, fence: &str, generation: u64) -> PortResult<bool> {
         for b in plan.all_buckets() {
-            let args = vec!["close".into(), fence.to_string()];
+            let args = vec!["close".into(), fence.to_string(), generation.to_string()];
             let reply = self.run_gate("close gates", plan.activity, b, args).await?;
             match tagged("close gates", &reply)? {
                 ("closed", []) => {}
+                ("newer", [Reply::Int(_)]) => return Ok(false),
                 _ => return Err(bad_reply("close gates", &reply)),
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     async fn reopen(

@@ -386,7 +386,7 @@ async fn planted_reset<C: StockCache>(
         version: gate.version,
         generation: gate.generation,
     };
-    if cache.close_gates(plan, FENCE).await.is_ok() {
+    if cache.close_gates(plan, FENCE, u64::MAX).await.is_ok() {
         let _ = cache.rebuild(plan, b.bucket, FENCE, &image).await;
         for bucket in plan.all_buckets() {
             let _ = cache.reopen(plan, bucket, FENCE, &intent).await;

@@ -144,6 +144,9 @@ struct Held<'a, C> {
     lease_ms: u64,
     /// Redis's run id before the claim: the server every step of this recovery must be on.
     epoch: String,
+    /// The registry's generation before the claim: a gate carrying a newer one was reopened by
+    /// a recovery this runner did not see, and its claim is stale.
+    generation: u64,
     renewed_at: std::sync::Mutex<tokio::time::Instant>,
 }
 
@@ -304,9 +307,22 @@ async fn claim_and_recover<C: StockCache, L: Ledger, B: OrderBus>(
         cache.finish(plan, fence, &cache.epoch().await?).await?;
         return Ok(Recovery::NotNeeded);
     }
-    claimed(cache, ledger, bus, plan, cfg, fence, epoch, cause)
-        .await
-        .map(Recovery::Recovered)
+    metrics::counter!("seckill_recovery_runs_total", "activity" => plan.activity.to_string()).increment(1);
+    let held = Held {
+        cache,
+        plan,
+        fence,
+        lease_ms: lease_ms(cfg),
+        epoch,
+        generation,
+        renewed_at: std::sync::Mutex::new(tokio::time::Instant::now()),
+    };
+    let outcome = recover_claimed(cache, ledger, bus, plan, cfg, &held, cause).await;
+    if outcome.is_err() {
+        // Let the claim go: the next pass (of any runner) claims again at once.
+        held.release().await;
+    }
+    outcome.map(Recovery::Recovered)
 }
 
 /// The activity's registry row (it must be installed to be recovered).
@@ -334,36 +350,6 @@ async fn claim<C: StockCache>(
     })
 }
 
-/// The recovery under a claim just taken (`epoch`: Redis's run id before it); the claim is let
-/// go if the recovery fails.
-#[allow(clippy::too_many_arguments)]
-async fn claimed<C: StockCache, L: Ledger, B: OrderBus>(
-    cache: &C,
-    ledger: &L,
-    bus: &B,
-    plan: &StockPlan,
-    cfg: &RecoveryConfig,
-    fence: &str,
-    epoch: String,
-    cause: String,
-) -> PortResult<RecoveryReport> {
-    let lease_ms = lease_ms(cfg);
-    metrics::counter!("seckill_recovery_runs_total", "activity" => plan.activity.to_string()).increment(1);
-    let held = Held {
-        cache,
-        plan,
-        fence,
-        lease_ms,
-        epoch,
-        renewed_at: std::sync::Mutex::new(tokio::time::Instant::now()),
-    };
-    let outcome = recover_claimed(cache, ledger, bus, plan, cfg, &held, cause).await;
-    if outcome.is_err() {
-        held.release().await;
-    }
-    outcome
-}
-
 async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     cache: &C,
     ledger: &L,
@@ -374,7 +360,15 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     cause: String,
 ) -> PortResult<RecoveryReport> {
     let fence = held.fence;
-    cache.close_gates(plan, fence).await?;
+    if !cache.close_gates(plan, fence, held.generation).await? && !unfenced() {
+        return Err(PortError::determinate(
+            "recover",
+            format!(
+                "a gate carries a newer generation than {}: another runner recovered since claim {fence} was taken",
+                held.generation
+            ),
+        ));
+    }
 
     #[cfg(madsim)]
     let in_flight_ok = crate::planted::on(crate::planted::Bug::RebuildWhileInFlight);
@@ -490,7 +484,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     }
     if unfenced() {
         // Planted: whatever claim closed the gates meanwhile, this runner writes over it.
-        cache.close_gates(plan, fence).await?;
+        cache.close_gates(plan, fence, u64::MAX).await?;
     }
     let transfers = journaled_transfers(&db.journal, intent.generation);
     for row in &db.buckets {
@@ -569,7 +563,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         false => target,
     };
     if unfenced() {
-        cache.close_gates(plan, fence).await?;
+        cache.close_gates(plan, fence, u64::MAX).await?;
     }
     // Fault points: a runner stalled between its read of the registry and the reopen (an
     // operator's pause may land meanwhile: only the gates' versions keep it standing), now and

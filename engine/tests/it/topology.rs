@@ -403,14 +403,26 @@ async fn competing_recoveries_are_fenced() {
         w.cache.claim(&w.plan, "r1", 1).await.unwrap(),
         seckill_engine::ports::Claim::Claimed { .. }
     ));
-    w.cache.close_gates(&w.plan, "r1").await.unwrap();
+    assert!(w.cache.close_gates(&w.plan, "r1", 0).await.unwrap());
     // Runner 2 finds the claim expired, takes over and completes.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let Recovery::Recovered(report) = w.recover("r2").await else {
         panic!("the expired claim is taken over")
     };
     assert_eq!(report.stock, 15);
-    // Runner 1 wakes up and tries to go on with its old fence: refused everywhere.
+    // Runner 1 wakes up and tries to go on with its old fence: refused everywhere — its close
+    // (it read generation 0 before its claim; the gates carry 1 now), its bump, its rebuild, its
+    // reopen and its finish.
+    assert!(!w.cache.close_gates(&w.plan, "r1", 0).await.unwrap());
+    assert!(w
+        .cache
+        .snapshot(&w.plan)
+        .await
+        .unwrap()
+        .buckets
+        .iter()
+        .all(|b| b.gate.as_ref().is_some_and(|g| g.state == ActivityState::Open)));
+    assert_eq!(w.ledger.bump_generation(A, 0).await.unwrap(), None);
     let image = seckill_engine::ports::BucketImage {
         stock: 10, // the plan's figure: what a stale runner must never write back
         ..Default::default()

@@ -139,6 +139,7 @@ enum CacheOp {
     },
     CloseGates {
         fence: u8,
+        generation: u64,
     },
     Reopen {
         bucket: u32,
@@ -190,7 +191,7 @@ fn cache_op() -> impl Strategy<Value = CacheOp> {
         2 => (1u64..=14, any::<bool>(), 0usize..4).prop_map(|(user, keep, back)| CacheOp::ResolvePending { user, keep, back }),
         1 => (1u64..=14, 0usize..4).prop_map(|(user, back)| CacheOp::GiveUpPending { user, back }),
         1 => (0u8..3, 0u64..4).prop_map(|(state, version)| CacheOp::SetGates { state, version }),
-        1 => (0u8..2).prop_map(|fence| CacheOp::CloseGates { fence }),
+        1 => (0u8..2, 0u64..5).prop_map(|(fence, generation)| CacheOp::CloseGates { fence, generation }),
         1 => (0u32..4, 0u8..2, 0u64..4).prop_map(|(bucket, fence, version)| CacheOp::Reopen { bucket, fence, version }),
         1 => (0u8..2).prop_map(|fence| CacheOp::Finish { fence }),
         1 => any::<usize>().prop_map(|nth| CacheOp::Adopt { nth }),
@@ -271,7 +272,9 @@ async fn run_cache_ops<C: ScriptConn>(
                     [ActivityState::Open, ActivityState::Paused, ActivityState::Closed][*state as usize];
                 outcome(&cache.set_gates(plan, &intent(state, *version, 0)).await)
             }
-            CacheOp::CloseGates { fence } => outcome(&cache.close_gates(plan, &format!("f{fence}")).await),
+            CacheOp::CloseGates { fence, generation } => {
+                outcome(&cache.close_gates(plan, &format!("f{fence}"), *generation).await)
+            }
             CacheOp::Reopen {
                 bucket,
                 fence,
