@@ -266,6 +266,15 @@ impl RealSettings {
         };
         kafka.partitions = count("SECKILL_TOPIC_PARTITIONS", 10_000, kafka.partitions)?;
         kafka.replication = count("SECKILL_TOPIC_REPLICATION", 32, kafka.replication)?;
+        // Default: a record is acknowledged once two replicas hold it, where there are three or
+        // more (one broker may be down and the topic still takes writes); else by every replica.
+        let min_insync = if kafka.replication >= 3 {
+            2
+        } else {
+            kafka.replication
+        };
+        kafka.min_insync_replicas =
+            count("SECKILL_TOPIC_MIN_INSYNC_REPLICAS", kafka.replication, min_insync)?;
         kafka.security = kafka_security(&get)?;
         Ok(Some(RealSettings {
             redis,
@@ -339,14 +348,37 @@ mod tests {
         let mut topic = full.to_vec();
         topic.push(("SECKILL_TOPIC", "a b"));
         assert_eq!(settings(&topic).unwrap_err().var, "SECKILL_TOPIC");
-        assert_eq!((s.kafka.partitions, s.kafka.replication), (6, 1));
+        assert_eq!(
+            (
+                s.kafka.partitions,
+                s.kafka.replication,
+                s.kafka.min_insync_replicas
+            ),
+            (6, 1, 1)
+        );
         let mut shape = full.to_vec();
         shape.extend([
             ("SECKILL_TOPIC_PARTITIONS", "24"),
             ("SECKILL_TOPIC_REPLICATION", "3"),
         ]);
         let s = settings(&shape).unwrap().unwrap();
-        assert_eq!((s.kafka.partitions, s.kafka.replication), (24, 3));
+        assert_eq!(
+            (
+                s.kafka.partitions,
+                s.kafka.replication,
+                s.kafka.min_insync_replicas
+            ),
+            (24, 3, 2)
+        );
+        let mut strict = shape.clone();
+        strict.push(("SECKILL_TOPIC_MIN_INSYNC_REPLICAS", "3"));
+        assert_eq!(settings(&strict).unwrap().unwrap().kafka.min_insync_replicas, 3);
+        let mut above = shape.clone();
+        above.push(("SECKILL_TOPIC_MIN_INSYNC_REPLICAS", "4"));
+        assert_eq!(
+            settings(&above).unwrap_err().var,
+            "SECKILL_TOPIC_MIN_INSYNC_REPLICAS"
+        );
         for (var, value) in [
             ("SECKILL_TOPIC_PARTITIONS", "0"),
             ("SECKILL_TOPIC_PARTITIONS", "six"),

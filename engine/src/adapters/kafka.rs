@@ -35,6 +35,10 @@ pub struct KafkaConfig {
     pub partitions: i32,
     /// Replicas of each partition a topic is created with (when we create it).
     pub replication: i32,
+    /// The topics' `min.insync.replicas` (when we create them): with the producer's `acks=all`,
+    /// how many replicas hold a record before its ack. Kafka's default of 1 acknowledges a record
+    /// only its leader holds, which a leader loss takes with it.
+    pub min_insync_replicas: i32,
     /// How long a record may wait for the broker's ack before its outcome counts as unknown.
     pub message_timeout: Duration,
     /// How long `poll` waits for the first record before returning an empty batch.
@@ -80,6 +84,7 @@ impl KafkaConfig {
             dlq_topic: format!("{topic}.dlq"),
             partitions: 6,
             replication: 1,
+            min_insync_replicas: 1,
             message_timeout: Duration::from_secs(3),
             poll_wait: Duration::from_millis(500),
             request_timeout: Duration::from_secs(5),
@@ -244,18 +249,15 @@ impl KafkaBus {
         let admin: AdminClient<DefaultClientContext> = client_config(&self.cfg)
             .create()
             .map_err(|e| kafka_err("kafka admin", e))?;
-        let topics = [
+        let min_insync = self.cfg.min_insync_replicas.to_string();
+        let topics = [&self.cfg.topic, &self.cfg.dlq_topic].map(|name| {
             NewTopic::new(
-                &self.cfg.topic,
+                name,
                 self.cfg.partitions,
                 TopicReplication::Fixed(self.cfg.replication),
-            ),
-            NewTopic::new(
-                &self.cfg.dlq_topic,
-                self.cfg.partitions,
-                TopicReplication::Fixed(self.cfg.replication),
-            ),
-        ];
+            )
+            .set("min.insync.replicas", &min_insync)
+        });
         let opts = AdminOptions::new()
             .operation_timeout(Some(self.cfg.request_timeout))
             .request_timeout(Some(self.cfg.request_timeout));
