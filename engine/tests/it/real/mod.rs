@@ -8,6 +8,7 @@
 mod conformance;
 mod differential;
 mod e2e;
+mod locks;
 mod outage;
 mod processes;
 
