@@ -11,6 +11,7 @@ mod e2e;
 mod locks;
 mod outage;
 mod processes;
+mod rewind;
 
 use seckill_engine::adapters::kafka::{KafkaBus, KafkaConfig};
 use seckill_engine::adapters::mysql::{MysqlConfig, MysqlLedger};
