@@ -99,6 +99,16 @@ end
 if op == "fallback" and redis.call("SISMEMBER", KEYS[5], rid) == 1 then
   return {"voided"}
 end
+-- A re-sent reserve (a client that lost the reply and sent the same script again: the cluster
+-- client re-sends on a connection error) answers what its first run did: not "duplicate" for the
+-- user's own reservation, which goes on to become the order.
+local prior = redis.call("HGET", KEYS[3], rid)
+if prior then
+  local holder, held_generation = string.match(prior, "^(%d+)|%d+|%d+|(%d+)")
+  if holder == user then
+    return {"reserved", tonumber(ARGV[6]), tonumber(held_generation)}
+  end
+end
 
 local stock = redis.call("GET", KEYS[1])
 if not stock then
@@ -117,6 +127,12 @@ if state ~= "open" then
 end
 if op == "fallback" and generation ~= ARGV[7] then
   return {"stale"}
+end
+if op == "own" then
+  local pending = redis.call("HGET", KEYS[3], "pending:" .. user)
+  if pending and string.sub(pending, 1, #rid + 1) == rid .. "|" then
+    return {"pending", tonumber(generation)} -- this attempt's mark, re-sent
+  end
 end
 if redis.call("SISMEMBER", KEYS[2], user) == 1 then
   return {"duplicate"}

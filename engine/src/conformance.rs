@@ -164,6 +164,11 @@ where
             ReserveOutcome::Duplicate,
             "same user twice"
         );
+        assert_eq!(
+            reserve(&c, &plan, users[0], 1).await,
+            ReserveOutcome::Reserved(r.clone()),
+            "a re-sent reserve (the same attempt) answers what it did and takes nothing more"
+        );
         reserved(reserve(&c, &plan, users[1], 3).await, "second user");
         assert_eq!(
             reserve(&c, &plan, users[2], 4).await,
@@ -215,6 +220,11 @@ where
             reserve(&c, &plan, users[8], 20).await,
             ReserveOutcome::Duplicate,
             "fallback winner is marked"
+        );
+        assert_eq!(
+            reserve(&c, &plan, users[8], 8).await,
+            ReserveOutcome::Reserved(f1.clone()),
+            "the fallback attempt re-sent: the own bucket's pending mark is its own, the fallback's unit too"
         );
         // The own bucket's pending mark stays until the caller knows the publish's outcome.
         let pending = &c.snapshot(&plan).await.unwrap().buckets[0].pending;
