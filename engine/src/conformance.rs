@@ -610,6 +610,62 @@ where
         assert!(c.close_gates(&plan, "f3", 3).await.unwrap(), "a current close");
     }
 
+    // a failed order frees its user (DESIGN §6): its entry closes with no units back, its mark
+    // goes in its own bucket and in the bucket its unit came from — once per reservation, and
+    // only a mark left under its generation.
+    {
+        let c = make().await;
+        let plan = fresh(10, 1, 20); // bucket 0: 8 units, fallback (bucket 1): 2
+        c.warmup(&plan, &OPEN, WarmFrom::Plan).await.unwrap();
+        let users = users_in(&plan, BucketNo(0), 9);
+        let mut own = Vec::new();
+        for (i, u) in users[..8].iter().enumerate() {
+            own.push(reserved(
+                reserve(&c, &plan, *u, 100 + i as u128).await,
+                "fill own",
+            ));
+        }
+        let f = reserved(reserve(&c, &plan, users[8], 108).await, "fallback");
+        assert_eq!(f.bucket, BucketNo(1));
+        assert!(c.free_failed(&plan, &own[0]).await.unwrap(), "freed");
+        assert!(!c.holds(&plan, users[0]).await.unwrap(), "the mark is gone");
+        let view = c.snapshot(&plan).await.unwrap();
+        assert!(!view.buckets[0].open.contains(&own[0]), "the entry is closed");
+        assert_eq!(view.buckets[0].stock, Some(0), "no units back");
+        assert!(!c.free_failed(&plan, &own[0]).await.unwrap(), "once");
+        let again = reserved(
+            reserve(&c, &plan, users[0], 120).await,
+            "the freed user buys again",
+        );
+        assert!(
+            !c.free_failed(&plan, &own[0]).await.unwrap() && c.holds(&plan, users[0]).await.unwrap(),
+            "a late free leaves the new reservation's mark"
+        );
+        assert_eq!(again.bucket, BucketNo(1));
+        let newer = Reservation {
+            generation: own[1].generation + 1,
+            ..own[1].clone()
+        };
+        assert!(!c.free_failed(&plan, &newer).await.unwrap());
+        assert!(
+            c.holds(&plan, users[1]).await.unwrap(),
+            "a mark of another generation is not this reservation's"
+        );
+        assert!(
+            c.free_failed(&plan, &f).await.unwrap(),
+            "a fallback winner is freed"
+        );
+        let view = c.snapshot(&plan).await.unwrap();
+        assert!(!c.holds(&plan, users[8]).await.unwrap(), "in its own bucket");
+        assert!(!view.buckets[1].buyers.contains(&users[8]), "and in the fallback");
+        assert_eq!(
+            view.buckets[1].open,
+            vec![again],
+            "only the new reservation is open"
+        );
+        assert_eq!(view.buckets[1].stock, Some(0), "no units back");
+    }
+
     // release and settle: each kind, each idempotent.
     {
         let c = make().await;
@@ -850,8 +906,13 @@ where
     assert_eq!(out, vec![ApplyOutcome::Created, ApplyOutcome::OutOfStock]);
     assert_eq!(
         l.apply(&[ev(6, 13)]).await.unwrap(),
-        vec![ApplyOutcome::DuplicateBuyer { existing: rid(5) }],
-        "a failed order still holds the (activity, user) key"
+        vec![ApplyOutcome::OutOfStock],
+        "a failed order frees its user (DESIGN §6): the next order is judged on its own"
+    );
+    assert_eq!(
+        l.order_of(a, UserId(13)).await.unwrap().map(|o| o.reservation.id),
+        Some(rid(6)),
+        "with only failed orders, the latest"
     );
 
     let view = l.snapshot(a).await.unwrap();
@@ -875,8 +936,9 @@ where
     };
     assert_eq!(status(1), Some(OrderStatus::Created));
     assert_eq!(status(5), Some(OrderStatus::Failed));
+    assert_eq!(status(6), Some(OrderStatus::Failed));
     assert_eq!(status(2), None);
-    assert_eq!(view.orders.len(), 4);
+    assert_eq!(view.orders.len(), 5);
     assert_eq!(view.journal.len(), 3, "a journal row per stock movement");
     assert!(view
         .journal
@@ -1105,4 +1167,48 @@ where
         .unwrap());
     let view = l.snapshot(act.id()).await.unwrap();
     assert_eq!((view.buckets[0].remaining, view.buckets[1].remaining), (0, 9));
+
+    // one live order per user (DESIGN §6): user 43's order of generation 0 is refused as stale
+    // and frees the user, whose order of generation 1 then goes through — in the same batch; a
+    // cancelled order keeps its user (user 40 stays a buyer)
+    let mut stale_order = buyer.clone();
+    (stale_order.id, stale_order.user) = (rid(33), UserId(43));
+    let bought_again = Reservation {
+        id: rid(34),
+        generation: 1,
+        ..stale_order.clone()
+    };
+    let cancelled_buyer_again = Reservation {
+        id: rid(35),
+        generation: 1,
+        ..buyer.clone()
+    };
+    assert_eq!(
+        l.apply(&[stale_order, bought_again, cancelled_buyer_again])
+            .await
+            .unwrap(),
+        vec![
+            ApplyOutcome::StaleGeneration,
+            ApplyOutcome::Created,
+            ApplyOutcome::DuplicateBuyer { existing: rid(30) },
+        ]
+    );
+    let o = l
+        .order_of(act.id(), UserId(43))
+        .await
+        .unwrap()
+        .expect("user 43 bought");
+    assert_eq!(
+        (o.reservation.id, o.status),
+        (rid(34), OrderStatus::Created),
+        "the live order first"
+    );
+    let mentioned = [rid(33), rid(34)].into_iter().collect();
+    let view = l.reconcile_view(act.id(), &mentioned).await.unwrap();
+    assert_eq!(
+        (view.held.len(), view.failed.into_iter().collect::<Vec<_>>()),
+        (2, vec![rid(33)]),
+        "the reconciler tells the failed apart"
+    );
+    assert_eq!(l.snapshot(act.id()).await.unwrap().buckets[1].remaining, 8);
 }

@@ -56,10 +56,13 @@ pub enum Bug {
     /// The consumer ignores a failed rewind and polls on from where the failed batch left the
     /// source's position (its records are never applied; the next batch commits past them).
     FailedRewindIgnored,
+    /// A failed order locks its user out, as before one live order per user: the consumer and
+    /// the reconciler settle it (the buyer mark stays) and the rebuild marks its user.
+    FailedOrderLocksOut,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 21] = [
+    pub const ALL: [Bug; 22] = [
         Bug::NonAtomicReserve,
         Bug::AckBeforeCommit,
         Bug::ReleaseToRoutedBucket,
@@ -81,6 +84,7 @@ impl Bug {
         Bug::RecoveryWithoutFence,
         Bug::UnfencedBump,
         Bug::FailedRewindIgnored,
+        Bug::FailedOrderLocksOut,
     ];
 
     pub fn name(self) -> &'static str {
@@ -106,6 +110,7 @@ impl Bug {
             Bug::RecoveryWithoutFence => "recovery_without_fence",
             Bug::UnfencedBump => "unfenced_bump",
             Bug::FailedRewindIgnored => "failed_rewind_ignored",
+            Bug::FailedOrderLocksOut => "failed_order_locks_out",
         }
     }
 

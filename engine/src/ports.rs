@@ -230,8 +230,8 @@ pub struct Transfer {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BucketImage {
     pub stock: u64,
-    /// Users marked in this bucket: everyone who routes here and holds any order, and everyone
-    /// whose order took a unit from here.
+    /// Users marked in this bucket: everyone who routes here and holds a live (non-failed)
+    /// order, and everyone whose live order took a unit from here.
     pub buyers: Vec<UserId>,
     /// The reservations of this bucket the ledger holds (any status): their outbox entries go.
     /// Any other open reservation makes the rebuild refuse.
@@ -301,6 +301,14 @@ pub trait StockCache: Clone + Send + Sync + 'static {
         r: &Reservation,
         kind: ReleaseKind,
     ) -> impl Future<Output = PortResult<Released>> + Send;
+
+    /// Free the user of an order the ledger failed (DESIGN §6: one live order per user): close
+    /// its open reservation without giving units back (the ledger never took them) and clear the
+    /// user's buyer mark in the bucket the unit came from and in the user's own bucket — only a
+    /// mark left under the reservation's generation, and once per reservation, so a newer
+    /// reservation of the user keeps its mark. `Ok(true)`: a mark was cleared.
+    fn free_failed(&self, plan: &StockPlan, r: &Reservation)
+        -> impl Future<Output = PortResult<bool>> + Send;
 
     /// Close an open reservation whose order the ledger holds. `Ok(false)`: it was not open.
     fn settle(&self, r: &Reservation) -> impl Future<Output = PortResult<bool>> + Send;
@@ -658,6 +666,8 @@ pub struct ReconcileView {
     pub cancelled: Vec<Reservation>,
     /// Which of the reservations asked about have an order, in any status.
     pub held: BTreeSet<ReservationId>,
+    /// Which of those the ledger failed: their users are freed, not settled (DESIGN §6).
+    pub failed: BTreeSet<ReservationId>,
 }
 
 impl ReconcileView {
@@ -671,6 +681,9 @@ impl ReconcileView {
             let r = &o.reservation;
             if mentioned.contains(&r.id) {
                 view.held.insert(r.id);
+                if o.status == OrderStatus::Failed {
+                    view.failed.insert(r.id);
+                }
             }
             match o.status {
                 OrderStatus::Created | OrderStatus::Paid => {

@@ -304,11 +304,12 @@ pub fn s1_no_oversell(s: &Snapshot) -> Vec<Violation> {
     out
 }
 
-/// S2 one order per user: at most one order row per (activity, user) — the ledger's unique key,
-/// which holds for every status (so at most one non-failed order, DESIGN §8, follows).
+/// S2 one order per user: at most one live (non-failed) order per (activity, user) — the
+/// ledger's unique key over live orders (DESIGN §6, §8). A failed order frees its user, who may
+/// then hold one live order beside any number of failed ones.
 pub fn s2_one_order_per_user(s: &Snapshot) -> Vec<Violation> {
     let mut by_user: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
-    for o in &s.orders {
+    for o in s.orders.iter().filter(|o| o.status != OrderStatus::Failed) {
         by_user.entry(o.user).or_default().push(&o.reservation);
     }
     by_user
@@ -530,10 +531,16 @@ pub fn l1_nothing_open(s: &Snapshot) -> Vec<Violation> {
         .collect()
 }
 
-/// L3 at quiescence (nothing open or pending): every user marked a buyer in some bucket holds an
-/// order in the ledger.
+/// L3 at quiescence (nothing open or pending): every user marked a buyer in some bucket holds a
+/// live order in the ledger — a failed order frees its user (DESIGN §6), so a user marked with
+/// only failed orders is told "duplicate" while holding nothing.
 pub fn l3_no_lockout(s: &Snapshot) -> Vec<Violation> {
-    let buyers: std::collections::BTreeSet<u64> = s.orders.iter().map(|o| o.user).collect();
+    let buyers: std::collections::BTreeSet<u64> = s
+        .orders
+        .iter()
+        .filter(|o| o.status != OrderStatus::Failed)
+        .map(|o| o.user)
+        .collect();
     s.buckets
         .iter()
         .filter_map(|b| {
@@ -750,6 +757,23 @@ mod tests {
     }
 
     #[test]
+    fn l3_catches_a_user_marked_with_only_a_failed_order() {
+        let mut s = healthy();
+        s.buckets[1].open.clear();
+        s.buckets[1].buyers = vec![9]; // user 9's only order failed
+        assert_eq!(codes(&l3_no_lockout(&s)), vec!["L3"]);
+        s.orders.push(Order {
+            reservation: "g".into(),
+            user: 9,
+            bucket: 1,
+            own_bucket: 1,
+            qty: 1,
+            status: OrderStatus::Created,
+        }); // bought again after the failure
+        assert_eq!(l3_no_lockout(&s), vec![]);
+    }
+
+    #[test]
     fn s1_catches_ledger_selling_more_than_its_rows_say() {
         let mut s = healthy();
         s.orders.push(Order {
@@ -793,9 +817,12 @@ mod tests {
         let v = s2_one_order_per_user(&s);
         assert_eq!(codes(&v), vec!["S2"]);
         assert!(v[0].detail.contains("user 1 has 2 orders"));
-        // a failed row beside a live one breaks the unique key too
+        // a failed order beside a live one is not a second order: it freed its user
         s.orders[1].user = 9;
+        assert_eq!(s2_one_order_per_user(&s), vec![]);
+        s.orders[2].status = OrderStatus::Cancelled; // a cancelled one does not free
         assert_eq!(codes(&s2_one_order_per_user(&s)), vec!["S2"]);
+        s.orders[2].status = OrderStatus::Failed;
         s.orders[1].user = 2;
         assert_eq!(s2_one_order_per_user(&s), vec![]);
     }

@@ -264,6 +264,7 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
         Ok(r) => {
             for (what, n) in [
                 ("reconciler_republished", r.republished),
+                ("failed_user_freed_by_reconciler", r.failed_freed),
                 ("pending_mark_resolved", r.pending_kept + r.pending_cleared),
                 ("cancel_release_finished", r.cancels_released),
                 ("transfer_finished_by_reconciler", r.transfers_finished),
@@ -272,11 +273,12 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
                     faults.cover(what);
                 }
             }
-            let acted = r.settled + r.republished + r.pending_kept + r.pending_cleared;
+            let acted = r.settled + r.failed_freed + r.republished + r.pending_kept + r.pending_cleared;
             if acted + r.cancels_released + r.transfers_finished > 0 {
                 faults.event(format!(
-                    "{name}: reconciler: settled {} republished {} pending {}/{} cancels {} transfers {}",
+                    "{name}: reconciler: settled {} freed {} republished {} pending {}/{} cancels {} transfers {}",
                     r.settled,
+                    r.failed_freed,
                     r.republished,
                     r.pending_kept,
                     r.pending_cleared,

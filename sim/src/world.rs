@@ -345,7 +345,7 @@ impl Scenario {
             Bug::ReleaseOnIndeterminatePublish => (Scenario::ProducerFaults, true),
             Bug::NoBuyerUniqueKey | Bug::NoStockGuard => (Scenario::RedisLoss, false),
             Bug::CancelReleaseToRoutedBucket => (Scenario::Calm, true),
-            Bug::RebuildWhileInFlight => (Scenario::RedisLoss, true),
+            Bug::RebuildWhileInFlight | Bug::FailedOrderLocksOut => (Scenario::RedisLoss, true),
             Bug::RepublishWithFreshId => (Scenario::LostRecords, true),
             Bug::NonIdempotentGive => (Scenario::Rebalancing, true),
             Bug::ReconcilerResetsStock => (Scenario::ConsumerFaults, true),
@@ -596,6 +596,12 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
     ("duplicate_buyer_refused", &[Scenario::RedisLoss], 20),
     ("rewind_retried", &[Scenario::ConsumerFaults], 20),
     ("out_of_stock_refused", &[Scenario::RedisLoss], 20),
+    (
+        "failed_user_bought_again",
+        &[Scenario::RedisLoss, Scenario::CompetingRecoveries],
+        20,
+    ),
+    ("failed_user_freed_by_reconciler", &[Scenario::RedisLoss], 20),
     (
         "outbox_rescued",
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
@@ -1650,12 +1656,24 @@ impl World {
     /// deleted and their states only move forward, so reading the ledger after the answer is
     /// sound); a page that names no order shows "queued" or "none".
     async fn status_true(&self, user: UserId, v: &seckill_engine::service::StatusView) {
-        let held = self
-            .god
-            .ledger
-            .order_of(ACTIVITY, user)
-            .await
-            .expect("in-process");
+        // A live order stays live (created, paid, cancelled), so a page showing one must name
+        // the user's live order now. A failed order frees its user, who may hold a live one
+        // since: a page showing "failed" must name a failed order of this user.
+        let held = match (v.state, v.reservation) {
+            (OrderState::Failed, Some(id)) => self
+                .god
+                .ledger
+                .order(id)
+                .await
+                .expect("in-process")
+                .filter(|o| o.reservation.user == user),
+            _ => self
+                .god
+                .ledger
+                .order_of(ACTIVITY, user)
+                .await
+                .expect("in-process"),
+        };
         let shown = |s: OrderState| format!("{s:?}").to_lowercase();
         let wrong = match (v.state, v.reservation, &held) {
             (OrderState::Queued | OrderState::None, None, _) => None,
@@ -2624,6 +2642,15 @@ impl World {
             if o.reservation.generation > 0 && o.status != OrderStatus::Failed {
                 self.faults.cover("sold_after_recovery");
             }
+        }
+        // A user whose order failed bought again: failed orders free their users (DESIGN §6).
+        let failed: std::collections::BTreeSet<UserId> = (db.orders.iter())
+            .filter(|o| o.status == OrderStatus::Failed)
+            .map(|o| o.reservation.user)
+            .collect();
+        if (db.orders.iter()).any(|o| o.status != OrderStatus::Failed && failed.contains(&o.reservation.user))
+        {
+            self.faults.cover("failed_user_bought_again");
         }
         let history = self.history.lock().expect("history");
         let violated = self.violated.lock().expect("violated");

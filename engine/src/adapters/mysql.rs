@@ -268,8 +268,9 @@ impl MysqlLedger {
                 if same.is_some() {
                     return Ok(ApplyOutcome::Redelivered);
                 }
+                // The user's live order (uk_activity_live_user: failed orders free their user).
                 let (existing,): (String,) = sqlx::query_as(
-                    "SELECT reservation_id FROM seckill_order WHERE activity_id = ? AND user_id = ? LOCK IN SHARE MODE",
+                    "SELECT reservation_id FROM seckill_order WHERE activity_id = ? AND live_user = ? LOCK IN SHARE MODE",
                 )
                 .bind(r.activity.0)
                 .bind(r.user.0)
@@ -768,7 +769,11 @@ impl Ledger for MysqlLedger {
     }
 
     async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {
-        let sql = format!("SELECT {ORDER_COLUMNS} FROM seckill_order WHERE activity_id = ? AND user_id = ?");
+        // The live order when there is one, else the latest failed one.
+        let sql = format!(
+            "SELECT {ORDER_COLUMNS} FROM seckill_order WHERE activity_id = ? AND user_id = ? \
+             ORDER BY status = 'failed', id DESC LIMIT 1"
+        );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(activity.0)
             .bind(user.0)
@@ -803,12 +808,12 @@ impl Ledger for MysqlLedger {
             .await
             .map_err(determinate(op))?;
         let ids: Vec<ReservationId> = mentioned.iter().copied().collect();
-        let mut held = BTreeSet::new();
+        let (mut held, mut failed) = (BTreeSet::new(), BTreeSet::new());
         // Bounded statements: at most this many ids per IN list.
         for chunk in ids.chunks(500) {
             let marks = vec!["?"; chunk.len()].join(", ");
             let sql = format!(
-                "SELECT reservation_id FROM seckill_order WHERE activity_id = ? AND reservation_id IN ({marks})"
+                "SELECT reservation_id, status FROM seckill_order WHERE activity_id = ? AND reservation_id IN ({marks})"
             );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(activity.0);
             for id in chunk {
@@ -816,7 +821,11 @@ impl Ledger for MysqlLedger {
             }
             for row in q.fetch_all(&mut *tx).await.map_err(determinate(op))? {
                 let id: String = row.try_get("reservation_id").map_err(get)?;
-                held.insert(ReservationId::from_str(&id).map_err(|e| PortError::determinate(op, e))?);
+                let id = ReservationId::from_str(&id).map_err(|e| PortError::determinate(op, e))?;
+                if parse_status(&row.try_get::<String, _>("status").map_err(get)?)? == OrderStatus::Failed {
+                    failed.insert(id);
+                }
+                held.insert(id);
             }
         }
         drop(tx);
@@ -837,6 +846,7 @@ impl Ledger for MysqlLedger {
                 .collect::<PortResult<_>>()?,
             cancelled,
             held,
+            failed,
         })
     }
 

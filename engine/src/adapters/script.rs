@@ -517,6 +517,8 @@ pub fn decode_bucket<'a>(
             });
         } else if let Some(tid) = field.strip_prefix("ack:") {
             acked.insert(tid.to_string());
+        } else if field.starts_with("fail:") {
+            // A failed order's user was freed here (release.lua "failed"): no units moved.
         } else {
             return Err(unparsable("xfer", field));
         }
@@ -722,6 +724,44 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             )),
             _ => Err(bad_reply("release", &reply)),
         }
+    }
+
+    async fn free_failed(&self, plan: &StockPlan, r: &Reservation) -> PortResult<bool> {
+        // The user's own bucket first: while the unit's bucket still holds the open entry, a
+        // failure between the two leaves it for the reconciler, which frees both again.
+        let own = plan.route(r.user);
+        let mut freed = false;
+        let buckets = if own == r.bucket {
+            vec![own]
+        } else {
+            vec![own, r.bucket]
+        };
+        for b in buckets {
+            let args = vec![
+                "failed".into(),
+                r.id.to_string(),
+                r.user.to_string(),
+                r.qty.to_string(),
+                r.generation.to_string(),
+            ];
+            let reply = self
+                .run("free failed", Script::Release, bucket_keys(r.activity, b), args)
+                .await?;
+            match tagged("free failed", &reply)? {
+                ("freed", [Reply::Int(n @ (0 | 1))]) => freed |= *n == 1,
+                ("missing", []) => {
+                    return Err(PortError::determinate(
+                        "free failed",
+                        format!(
+                            "bucket {b} of activity {} has no stock key (Redis lost it; the recovery rebuilds it)",
+                            r.activity
+                        ),
+                    ))
+                }
+                _ => return Err(bad_reply("free failed", &reply)),
+            }
+        }
+        Ok(freed)
     }
 
     async fn settle(&self, r: &Reservation) -> PortResult<bool> {

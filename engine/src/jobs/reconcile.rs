@@ -1,6 +1,7 @@
 //! The reconciler: one pass over an activity, comparing Redis with the ledger bucket by bucket.
 //!
-//! - an open reservation the ledger already holds → settle it;
+//! - an open reservation the ledger already holds → settle it, or free its user where the ledger
+//!   failed it (DESIGN §6: no units back, the buyer mark goes);
 //! - an open reservation the ledger lacks, older than the grace period → republish it (the
 //!   ledger dedupes by reservation id, so a republish of something in flight is harmless);
 //! - a pending-fallback mark older than the grace period → give its attempt up: in one script on
@@ -32,6 +33,7 @@ const ACTIONS_IN_FLIGHT: usize = 32;
 /// a borrowed one makes the pass's future lifetime-generic, which `tokio::spawn` refuses.
 enum Action {
     Settle(Reservation),
+    FreeFailed(Reservation),
     Republish(Reservation),
     /// An old pending-fallback mark: give its attempt up (`outcome`, known once done).
     GiveUp {
@@ -86,6 +88,8 @@ pub struct ReconcileReport {
     /// The pass did nothing: Redis lost the activity or it is recovering.
     pub skipped: bool,
     pub settled: u64,
+    /// Failed orders whose users this pass freed (their consumer's follow-up did not happen).
+    pub failed_freed: u64,
     pub republished: u64,
     pub pending_kept: u64,
     pub pending_cleared: u64,
@@ -229,6 +233,10 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         .sum();
     for b in &view.buckets {
         for r in &b.open {
+            if first.db.failed.contains(&r.id) {
+                actions.push(Action::FreeFailed(r.clone()));
+                continue;
+            }
             if held.contains(&r.id) {
                 actions.push(Action::Settle(r.clone()));
                 continue;
@@ -297,6 +305,9 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         .map(|mut action| async move {
             let done = match &mut action {
                 Action::Settle(r) => cache.settle(r).await,
+                Action::FreeFailed(r) => crate::service::consumer::free_failed(cache, plan, r)
+                    .await
+                    .map(|_| true),
                 // Adopted first: the purchase that failed to publish it can no longer give it
                 // back (it answers "queued" instead), so a republished order is never one the
                 // user was told did not happen.
@@ -326,6 +337,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     while let Some((action, done)) = results.next().await {
         let count = match action {
             Action::Settle(_) => &mut report.settled,
+            Action::FreeFailed(_) => &mut report.failed_freed,
             Action::Republish(_) => &mut report.republished,
             Action::GiveUp {
                 outcome: Some(GaveUp::Kept),

@@ -496,9 +496,15 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         };
         for o in &db.orders {
             let r = &o.reservation;
-            // Every order keeps its user out (the ledger's unique key holds for all statuses):
-            // marked in its own bucket, and in the bucket its unit came from.
-            if plan.route(r.user) == b || r.bucket == b {
+            // Every live order keeps its user out (the ledger's unique key holds for them):
+            // marked in its own bucket, and in the bucket its unit came from. A failed order
+            // frees its user (DESIGN §6).
+            #[cfg(madsim)]
+            let live = o.status != OrderStatus::Failed
+                || crate::planted::on(crate::planted::Bug::FailedOrderLocksOut);
+            #[cfg(not(madsim))]
+            let live = o.status != OrderStatus::Failed;
+            if live && (plan.route(r.user) == b || r.bucket == b) {
                 buyers.insert(r.user);
             }
             if r.bucket == b {

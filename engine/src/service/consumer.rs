@@ -11,7 +11,7 @@
 //! polled until a rewind succeeds; and a batch that starts past where this member's last batch of
 //! a partition began or ended (records skipped, whatever the cause) is never committed.
 
-use crate::domain::Reservation;
+use crate::domain::{ActivityId, Reservation, StockPlan};
 use crate::ports::{
     ApplyOutcome, Delivery, Ledger, OrderSource, PortError, PortResult, ReleaseKind, StockCache,
 };
@@ -84,6 +84,34 @@ pub struct OrderConsumer<L, C, S> {
     /// that moved to another member and came back may start later (the other member committed
     /// past it): that costs one rewind, never a skipped record.
     next: BTreeMap<u32, u64>,
+    /// The plans of activities this consumer freed a failed order's user in.
+    plans: BTreeMap<ActivityId, StockPlan>,
+}
+
+/// What an applied order asks of Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FollowUp {
+    /// Close the reservation: the ledger holds the order.
+    Settle,
+    /// Give the units back: the ledger refused it for a duplicate buyer.
+    Release,
+    /// Free the user: the ledger failed it.
+    Free,
+}
+
+/// Free the user of an order the ledger failed (the consumer's follow-up, and the reconciler's
+/// when that follow-up did not happen).
+pub(crate) async fn free_failed<C: StockCache>(
+    cache: &C,
+    plan: &StockPlan,
+    r: &Reservation,
+) -> PortResult<bool> {
+    #[cfg(madsim)]
+    if crate::planted::on(crate::planted::Bug::FailedOrderLocksOut) {
+        // Planted: closed as if it were an order; the user stays marked a buyer.
+        return cache.settle(r).await;
+    }
+    cache.free_failed(plan, r).await
 }
 
 impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
@@ -95,6 +123,7 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
             max_batch: max_batch.max(1),
             rewind_due: false,
             next: BTreeMap::new(),
+            plans: BTreeMap::new(),
         }
     }
 
@@ -240,15 +269,17 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
             ));
         }
         // What each outcome asks of Redis. Created/Redelivered: the order is durable, close the
-        // reservation. OutOfStock: the ledger recorded it as failed — the unit it claims does not
-        // exist there, so it must not come back to Redis either (Redis was overstating its stock).
-        // DuplicateBuyer: the user holds another order, so this reservation's units go back.
+        // reservation. OutOfStock / StaleGeneration: the ledger recorded it failed, which frees
+        // its user (DESIGN §6): the entry closes with no units back (the unit it claims does not
+        // exist in the ledger — Redis was overstating its stock — or is not in the rebuilt Redis)
+        // and the buyer mark goes. DuplicateBuyer: the user holds another order, so this
+        // reservation's units go back.
         let mut followups = Vec::with_capacity(events.len());
         for ((r, outcome), d) in events.iter().zip(&outcomes).zip(origin) {
-            let release = match outcome {
+            let followup = match outcome {
                 ApplyOutcome::Created => {
                     report.created += 1;
-                    false
+                    FollowUp::Settle
                 }
                 ApplyOutcome::Redelivered => {
                     report.redelivered += 1;
@@ -256,22 +287,25 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
                     let planted = crate::planted::on(crate::planted::Bug::RedeliveredAsDuplicate);
                     #[cfg(not(madsim))]
                     let planted = false;
-                    planted
+                    if planted {
+                        FollowUp::Release
+                    } else {
+                        FollowUp::Settle
+                    }
                 }
                 ApplyOutcome::OutOfStock => {
                     report.out_of_stock += 1;
-                    false
+                    FollowUp::Free
                 }
                 // Reserved before a recovery and published after it (a process paused past the
-                // delivery timeout): the order is recorded failed. Its units are not in the
-                // rebuilt Redis, so nothing goes back; an entry still open is closed.
+                // delivery timeout).
                 ApplyOutcome::StaleGeneration => {
                     report.stale_generation += 1;
-                    false
+                    FollowUp::Free
                 }
                 ApplyOutcome::DuplicateBuyer { .. } => {
                     report.duplicate_buyers += 1;
-                    true
+                    FollowUp::Release
                 }
                 ApplyOutcome::UnknownBucket => {
                     report.dead_lettered += 1;
@@ -280,15 +314,30 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
                     continue;
                 }
             };
-            followups.push((r, release));
+            followups.push((r, followup));
+        }
+        // Freeing a user needs the plan (its own bucket); failed orders are rare, plans fixed.
+        for (r, f) in &followups {
+            if *f == FollowUp::Free && !self.plans.contains_key(&r.activity) {
+                if let Ok(Some(a)) = self.ledger.activity(r.activity).await {
+                    self.plans.insert(r.activity, StockPlan::new(&a));
+                }
+            }
         }
         // Independent reservations: one round trip for the whole batch, not one per order.
-        let cache = &self.cache;
-        let results = futures::future::join_all(followups.into_iter().map(|(r, release)| async move {
-            if release {
-                cache.release(r, ReleaseKind::Rejected).await.map(drop)
-            } else {
-                cache.settle(r).await.map(drop)
+        let (cache, plans) = (&self.cache, &self.plans);
+        let results = futures::future::join_all(followups.into_iter().map(|(r, followup)| async move {
+            match followup {
+                FollowUp::Settle => cache.settle(r).await.map(drop),
+                FollowUp::Release => cache.release(r, ReleaseKind::Rejected).await.map(drop),
+                // Without its plan, left to the reconciler (which frees what the ledger failed).
+                FollowUp::Free => match plans.get(&r.activity) {
+                    Some(plan) => free_failed(cache, plan, r).await.map(drop),
+                    None => Err(PortError::determinate(
+                        "free failed",
+                        "the activity's plan is unknown",
+                    )),
+                },
             }
         }))
         .await;

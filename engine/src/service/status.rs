@@ -1,5 +1,6 @@
 //! Order status for one user of one activity: the ledger's word when it has the order, else
-//! "queued" while the user holds a buyer mark in Redis (reserved, on its way to the ledger).
+//! "queued" while the user holds a buyer mark in Redis (reserved, on its way to the ledger). A
+//! user's live order is shown before a failed one, and "queued" before a failed one too.
 
 use crate::domain::{ReservationId, StockPlan, UserId};
 use crate::ports::{Ledger, OrderStatus, PortResult, StockCache};
@@ -30,7 +31,14 @@ pub async fn order_status<C: StockCache, L: Ledger>(
     plan: &StockPlan,
     user: UserId,
 ) -> PortResult<StatusView> {
-    if let Some(order) = ledger.order_of(plan.activity, user).await? {
+    let order = ledger.order_of(plan.activity, user).await?;
+    // A failed order frees its user (DESIGN §6): while the user is marked a buyer again, a
+    // newer reservation is on its way to the ledger.
+    let order = match order {
+        Some(o) if o.status == OrderStatus::Failed && cache.holds(plan, user).await? => None,
+        other => other,
+    };
+    if let Some(order) = order {
         let state = match order.status {
             OrderStatus::Created => OrderState::Created,
             OrderStatus::Paid => OrderState::Paid,

@@ -1,7 +1,8 @@
 //! An in-memory ledger with the MySQL contract of DESIGN §6: `stock_bucket` rows with
-//! `remaining >= 0`, `seckill_order` with UNIQUE(reservation_id) and UNIQUE(activity_id, user_id)
-//! (a failed order occupies both, as the row would in MySQL), the conditional stock update, and
-//! a `stock_journal` row for every movement.
+//! `remaining >= 0`, `seckill_order` with UNIQUE(reservation_id) and one live order per
+//! (activity_id, user_id) (a failed order keeps its reservation id but frees its user, as the
+//! generated `live_user` key does in MySQL), the conditional stock update, and a
+//! `stock_journal` row for every movement.
 //!
 //! A batch is one transaction: it is applied under one `std::sync::Mutex` and nothing in it can
 //! fail half-way, so either all of it is visible or none of it is.
@@ -32,8 +33,10 @@ struct LedgerState {
     orders: BTreeMap<(ActivityId, ReservationId), OrderRow>,
     /// The UNIQUE(reservation_id) index.
     activity_of: BTreeMap<ReservationId, ActivityId>,
-    /// The UNIQUE(activity_id, user_id) index.
+    /// The UNIQUE(activity_id, live_user) index: each user's live (non-failed) order.
     by_user: BTreeMap<(ActivityId, UserId), ReservationId>,
+    /// Each user's latest failed order (what `order_of` shows while there is no live one).
+    failed_by_user: BTreeMap<(ActivityId, UserId), ReservationId>,
     /// `seckill_order.payment_id` of paid orders.
     payments: BTreeMap<ReservationId, String>,
     /// `stock_journal`, in insertion order, per activity.
@@ -93,7 +96,11 @@ impl LedgerState {
                 status,
             },
         );
-        self.by_user.insert((r.activity, r.user), r.id);
+        if status == OrderStatus::Failed {
+            self.failed_by_user.insert((r.activity, r.user), r.id);
+        } else {
+            self.by_user.insert((r.activity, r.user), r.id);
+        }
         self.activity_of.insert(r.id, r.activity);
         outcome
     }
@@ -333,6 +340,7 @@ impl Ledger for EmbeddedLedger {
         Ok(st
             .by_user
             .get(&(activity, user))
+            .or_else(|| st.failed_by_user.get(&(activity, user)))
             .and_then(|id| st.order(*id))
             .cloned())
     }
