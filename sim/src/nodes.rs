@@ -268,22 +268,24 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
                 ("pending_mark_resolved", r.pending_kept + r.pending_cleared),
                 ("cancel_release_finished", r.cancels_released),
                 ("transfer_finished_by_reconciler", r.transfers_finished),
+                ("gates_resynced_by_reconciler", r.gates_resynced),
             ] {
                 if n > 0 {
                     faults.cover(what);
                 }
             }
             let acted = r.settled + r.failed_freed + r.republished + r.pending_kept + r.pending_cleared;
-            if acted + r.cancels_released + r.transfers_finished > 0 {
+            if acted + r.cancels_released + r.transfers_finished + r.gates_resynced > 0 {
                 faults.event(format!(
-                    "{name}: reconciler: settled {} freed {} republished {} pending {}/{} cancels {} transfers {}",
+                    "{name}: reconciler: settled {} freed {} republished {} pending {}/{} cancels {} transfers {} gates {}",
                     r.settled,
                     r.failed_freed,
                     r.republished,
                     r.pending_kept,
                     r.pending_cleared,
                     r.cancels_released,
-                    r.transfers_finished
+                    r.transfers_finished,
+                    r.gates_resynced
                 ));
             }
             for d in &r.differences {

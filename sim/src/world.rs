@@ -2428,6 +2428,24 @@ impl World {
         if !shut.is_empty() {
             return format!("gates not open: {}", shut.join(", "));
         }
+        // An operator call overtaken between its registry write and its gates leaves gates on an
+        // older intent; the reconciler writes the registry's to them.
+        if let Some(reg) = self.god.ledger.registry(ACTIVITY).await.expect("in-process") {
+            let behind: Vec<String> = view
+                .buckets
+                .iter()
+                .filter_map(|b| b.gate.as_ref().map(|g| (b.bucket, g.version)))
+                .filter(|(_, v)| *v < reg.intent.version)
+                .map(|(b, v)| format!("{b}: version {v}"))
+                .collect();
+            if !behind.is_empty() {
+                return format!(
+                    "gates behind the registry's intent (version {}): {}",
+                    reg.intent.version,
+                    behind.join(", ")
+                );
+            }
+        }
         let open: usize = view.buckets.iter().map(|b| b.open.len() + b.pending.len()).sum();
         if open > 0 {
             return format!("{open} reservations or pending marks open");

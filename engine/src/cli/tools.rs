@@ -174,8 +174,8 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
             );
         } else {
             println!(
-                "activity {id}: settled {}, failed orders' users freed {}, republished {}, pending marks kept {} / cleared {}, cancels released {}, transfers finished {}, failed {}",
-                r.settled, r.failed_freed, r.republished, r.pending_kept, r.pending_cleared, r.cancels_released, r.transfers_finished, r.failed
+                "activity {id}: settled {}, failed orders' users freed {}, republished {}, pending marks kept {} / cleared {}, cancels released {}, transfers finished {}, gates given the registry's intent {}, failed {}",
+                r.settled, r.failed_freed, r.republished, r.pending_kept, r.pending_cleared, r.cancels_released, r.transfers_finished, r.gates_resynced, r.failed
             );
             for d in &r.differences {
                 println!("difference: {d}");

@@ -10,6 +10,7 @@
 //!   reserve of it still queued in Redis then takes nothing) and clear the mark;
 //! - a cancelled order whose units are not back in Redis → release it (idempotent);
 //! - a transfer taken but not acknowledged → finish it (ledger transfer, give, ack; idempotent);
+//! - a gate holding an older intent than the registry's → write the registry's intent again;
 //! - what remains of `redis stock + open + sold − transfers in + out − initial` after the above is
 //!   explained is reported as a `Difference` — never "fixed" by guessing.
 //!
@@ -17,7 +18,9 @@
 //! a recovery is under way (a claim, a recovering gate): that is the recovery job's.
 
 use crate::domain::{ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId};
-use crate::ports::{CacheBucket, GaveUp, Ledger, OrderBus, PortResult, ReleaseKind, StockCache, Transfer};
+use crate::ports::{
+    CacheBucket, GateWrite, GaveUp, Ledger, OrderBus, PortResult, ReleaseKind, StockCache, Transfer,
+};
 use futures::StreamExt;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -96,6 +99,8 @@ pub struct ReconcileReport {
     pub cancels_released: u64,
     /// Half-done transfers completed.
     pub transfers_finished: u64,
+    /// Gates written again with the registry's intent, which they had missed.
+    pub gates_resynced: u64,
     /// Actions that failed (retried next pass).
     pub failed: u64,
     /// Reservations open in Redis when the pass read it (a gauge for operators).
@@ -352,6 +357,31 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
             Ok(false) => {}
             Err(_) => report.failed += 1,
         }
+    }
+
+    // The operator's intent on every gate (the registry owns it, the gates enforce it): an
+    // intent write that found a gate missing (a warmup creating the gates at the intent it had
+    // read, just after a pause) or that failed half-way is written again. gate.lua keeps a
+    // newer intent, and records this one on a recovering gate for its reopen.
+    let behind = |intent: &crate::ports::Intent| {
+        first
+            .view
+            .buckets
+            .iter()
+            .any(|b| b.gate.as_ref().is_some_and(|g| g.version < intent.version))
+    };
+    match ledger.registry(plan.activity).await {
+        Ok(Some(reg)) if behind(&reg.intent) => match cache.set_gates(plan, &reg.intent).await {
+            Ok(writes) => {
+                report.gates_resynced = writes
+                    .iter()
+                    .filter(|w| matches!(w, GateWrite::Applied | GateWrite::Recorded))
+                    .count() as u64
+            }
+            Err(_) => report.failed += 1,
+        },
+        Ok(_) => {}
+        Err(_) => report.failed += 1,
     }
     Ok(report)
 }

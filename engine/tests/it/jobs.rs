@@ -242,6 +242,37 @@ async fn an_unexplained_difference_is_reported_never_fixed() {
     assert_eq!(rig.stocks().await[1], Some(10), "stock left as it was");
 }
 
+/// An intent the registry holds and the gates missed (a warmup that created them at the intent
+/// it had read, just before the operator paused) is written to the gates by the reconciler.
+#[tokio::test(start_paused = true)]
+async fn the_reconciler_writes_the_registrys_intent_to_gates_that_missed_it() {
+    let rig = rig(10, 2, 0, 1_500).await;
+    rig.ledger
+        .set_intent(A, ActivityState::Paused)
+        .await
+        .unwrap()
+        .unwrap();
+    let report = reconcile_at(&rig, LATER).await;
+    let gates = rig.cache.snapshot(&rig.plan).await.unwrap();
+    assert_eq!(report.gates_resynced, gates.buckets.len() as u64, "{report:?}");
+    assert!(
+        gates
+            .buckets
+            .iter()
+            .all(|b| b.gate.as_ref().is_some_and(|g| g.state == ActivityState::Paused)),
+        "every gate paused: {gates:?}"
+    );
+    assert!(matches!(
+        rig.buy(UserId(1)).await,
+        PurchaseOutcome::Unavailable { .. }
+    ));
+    assert_eq!(
+        reconcile_at(&rig, LATER).await.gates_resynced,
+        0,
+        "nothing behind any more"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn recovery_rebuilds_redis_after_it_lost_everything() {
     let rig = rig(10, 2, 0, 1_500).await;
