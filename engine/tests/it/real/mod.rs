@@ -5,6 +5,7 @@
 //! The stores outlive a test run, so every test works on activity ids, topics and consumer groups
 //! of its own (`unique_id`) and never flushes anything.
 
+mod bump;
 mod conformance;
 mod differential;
 mod e2e;
