@@ -187,6 +187,8 @@ pub async fn worker_role<C: StockCache, B: OrderBus, L: Ledger>(
     max_batch: usize,
 ) -> PortResult<OrderConsumer<L, C, B::Source>> {
     let source = bus.subscribe(group).await?;
+    // Exported at zero: the alert on it reads a series that exists before the first failure.
+    metrics::counter!("seckill_consumer_rewind_failures_total").increment(0);
     Ok(OrderConsumer::new(ledger, cache, source, max_batch))
 }
 
