@@ -363,15 +363,11 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
     // intent write that found a gate missing (a warmup creating the gates at the intent it had
     // read, just after a pause) or that failed half-way is written again. gate.lua keeps a
     // newer intent, and records this one on a recovering gate for its reopen.
-    let behind = |intent: &crate::ports::Intent| {
-        first
-            .view
-            .buckets
-            .iter()
-            .any(|b| b.gate.as_ref().is_some_and(|g| g.version < intent.version))
+    let behind = |version: u64| {
+        (first.view.buckets.iter()).any(|b| b.gate.as_ref().is_some_and(|g| g.version < version))
     };
     match ledger.registry(plan.activity).await {
-        Ok(Some(reg)) if behind(&reg.intent) => match cache.set_gates(plan, &reg.intent).await {
+        Ok(Some(reg)) if behind(reg.intent.version) => match cache.set_gates(plan, &reg.intent).await {
             Ok(writes) => {
                 report.gates_resynced = writes
                     .iter()
