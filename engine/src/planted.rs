@@ -59,10 +59,13 @@ pub enum Bug {
     /// A failed order locks its user out, as before one live order per user: the consumer and
     /// the reconciler settle it (the buyer mark stays) and the rebuild marks its user.
     FailedOrderLocksOut,
+    /// The recovery republishes the outbox it rescues (and drains) instead of applying it to the
+    /// ledger: a rescued record that becomes visible after the bump is refused as stale.
+    RescueRepublished,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 22] = [
+    pub const ALL: [Bug; 23] = [
         Bug::NonAtomicReserve,
         Bug::AckBeforeCommit,
         Bug::ReleaseToRoutedBucket,
@@ -85,6 +88,7 @@ impl Bug {
         Bug::UnfencedBump,
         Bug::FailedRewindIgnored,
         Bug::FailedOrderLocksOut,
+        Bug::RescueRepublished,
     ];
 
     pub fn name(self) -> &'static str {
@@ -111,6 +115,7 @@ impl Bug {
             Bug::UnfencedBump => "unfenced_bump",
             Bug::FailedRewindIgnored => "failed_rewind_ignored",
             Bug::FailedOrderLocksOut => "failed_order_locks_out",
+            Bug::RescueRepublished => "rescue_republished",
         }
     }
 

@@ -22,6 +22,9 @@ pub struct Knobs {
     pub mq_refuse: f64,
     /// Kafka: the record is stored but the ack never arrives (indeterminate).
     pub mq_ack_lost: f64,
+    /// Kafka: the record is stored but visible only after a delay past the recovery's quiesce
+    /// (a slow follower), and the ack never arrives.
+    pub mq_visible_late: f64,
     /// Redis: extra latency before each command, up to this much.
     pub redis_latency: Duration,
     /// Redis: a script blocks the server for this long (every command queues behind it).
@@ -166,6 +169,11 @@ impl Faults {
     pub fn open_window(&self, name: &'static str, turn: fn(&mut Knobs, bool)) {
         *self.windows.lock().expect("windows").entry(name).or_default() += 1;
         turn(&mut self.knobs.lock().expect("knobs"), true);
+    }
+
+    /// Is a window of knob `name` open (the heal closes them all)?
+    pub fn window_open(&self, name: &'static str) -> bool {
+        self.windows.lock().expect("windows").contains_key(name)
     }
 
     /// Close a window of knob `name`: the knob goes off with the last of its windows (a window

@@ -32,6 +32,10 @@ pub const STORE_TIMEOUT: Duration = Duration::from_millis(300);
 /// publish window, past the producer's own timeout, during which a record the engine already
 /// gave up on can still land on the topic (recovery must wait it out before its drain counts).
 pub const LATE_APPEND_MAX: Duration = Duration::from_millis(900);
+/// A record held back by a slow follower becomes visible this long after it arrived, at the
+/// latest: past the recovery's quiesce (which is sized to the producer's timeout, not to
+/// `replica.lag.time.max.ms`), so no drain can be sure it saw every record.
+pub const VISIBLE_LATE_MAX: Duration = Duration::from_millis(8_000);
 /// How long an empty fetch waits before the consumer polls again.
 const POLL_WAIT: Duration = Duration::from_millis(20);
 
@@ -641,6 +645,9 @@ pub struct KafkaLog {
     /// Order records the broker acknowledged and then lost (by reservation id): a data loss the
     /// checker's exact L1 account excuses when the outbox entry is gone too.
     pub lost_after_ack: Mutex<BTreeSet<String>>,
+    /// Order records a slow follower held back past the recovery's quiesce (by reservation id):
+    /// when each arrived and when it became visible.
+    pub visible_late: Mutex<BTreeMap<String, (Duration, Duration)>>,
     /// Members whose last rewind failed (a coverage target counts the retry that follows).
     rewind_failed: Mutex<BTreeSet<String>>,
     _alive: Alive,
@@ -719,6 +726,7 @@ impl KafkaLog {
                 groups: BTreeMap::new(),
             }),
             lost_after_ack: Mutex::default(),
+            visible_late: Mutex::default(),
             rewind_failed: Mutex::default(),
             _alive: Alive::new(),
         }
@@ -783,6 +791,24 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 let lag_ms = madsim::rand::thread_rng().gen_range(400..LATE_APPEND_MAX.as_millis() as u64);
                 tokio::time::sleep(Duration::from_millis(lag_ms)).await;
                 l.append(&req.key, &req.payload);
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                return Err("ack lost".to_string());
+            }
+            if chance(knobs.mq_visible_late) {
+                // The leader appended it, a follower in the ISR is slow: the high watermark, and
+                // with it the record, moves only when the follower catches up or is dropped
+                // from the ISR (`replica.lag.time.max.ms`, 30 s by default) — long after the
+                // producer gave up, and after a recovery's quiesce and drain.
+                f.fired("mq_visible_late");
+                let arrived = f.elapsed();
+                let floor = LATE_APPEND_MAX.as_millis() as u64 + 600;
+                let lag_ms = madsim::rand::thread_rng().gen_range(floor..VISIBLE_LATE_MAX.as_millis() as u64);
+                tokio::time::sleep(Duration::from_millis(lag_ms)).await;
+                l.append(&req.key, &req.payload);
+                if let Ok(r) = Reservation::decode(&req.payload) {
+                    let at = (arrived, f.elapsed());
+                    l.visible_late.lock().expect("kafka").insert(r.id.to_string(), at);
+                }
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 return Err("ack lost".to_string());
             }

@@ -132,6 +132,9 @@ pub enum Fault {
     /// outbox rescue among them): a rescued record lost leaves its reservation open and not in
     /// the ledger, which the rebuild must refuse to delete (the next attempt rescues it again).
     MqLoseInRecovery,
+    /// Records become visible late (`MqVisibleLate`) for as long as the next recovery runs: a
+    /// record of its own rescue must not land after its bump, refused as stale.
+    MqLateInRecovery,
     /// An API node stops (SIGSTOP-like) past the delivery timeout, then goes on where it was.
     EnginePause,
     /// A jobs node stops past its recovery claim's lease, then goes on where it was.
@@ -142,12 +145,21 @@ pub enum Fault {
     /// A consumer's rewind fails (the broker cannot give the committed offsets, a seek is
     /// refused): its position stays past the batch that failed.
     MqRewindFail,
+    /// Records become visible only after a delay drawn past the recovery's quiesce (a follower
+    /// slow to replicate holds the high watermark back), their producers long gone: a record
+    /// that lands after a recovery's drain and bump.
+    MqVisibleLate,
 }
 
 /// A knob's probability while its window is open, else 0.
 /// The knob of a window in which the broker loses records after their ack (one in five).
 fn lose_after_ack(k: &mut crate::faults::Knobs, on: bool) {
     k.mq_lose_after_ack = prob(0.2, on);
+}
+
+/// The knob of a window in which records become visible past the quiesce (three in ten).
+fn visible_late(k: &mut crate::faults::Knobs, on: bool) {
+    k.mq_visible_late = prob(0.3, on);
 }
 
 fn prob(p: f64, on: bool) -> f64 {
@@ -234,6 +246,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::ClockSkew,
     Fault::PacketLoss,
     Fault::MqRewindFail,
+    Fault::MqVisibleLate,
 ];
 
 /// Which checks a run holds the engine to.
@@ -295,6 +308,7 @@ impl Scenario {
                 Fault::JobsCrash,
                 Fault::EnginePause,
                 Fault::MqAckLost,
+                Fault::MqVisibleLate,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
@@ -354,7 +368,8 @@ impl Scenario {
             Bug::RebuildDropsOutbox
             | Bug::NoGenerationCheck
             | Bug::RecoveryWithoutFence
-            | Bug::UnfencedBump => (Scenario::CompetingRecoveries, true),
+            | Bug::UnfencedBump
+            | Bug::RescueRepublished => (Scenario::CompetingRecoveries, true),
         }
     }
 }
@@ -604,6 +619,11 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
     ("failed_user_freed_by_reconciler", &[Scenario::RedisLoss], 20),
     (
         "outbox_rescued",
+        &[Scenario::Chaos, Scenario::CompetingRecoveries],
+        100,
+    ),
+    (
+        "late_record_after_bump_kept",
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         100,
     ),
@@ -1447,16 +1467,26 @@ impl World {
     /// And a request sent after the last bump before the refusal was reserved under the current
     /// generation (the gates stay closed from the claim until a reopen writes it: S6), so its
     /// refusal means it was stamped with another generation than its gate's.
+    ///
+    /// Excused: a record a slow follower held back past the recovery's drain whose reservation
+    /// Redis lost before the rescue could see it — a data loss of both stores, as a record lost
+    /// after its ack with its reservation is. One Redis still held is rescued into the ledger, and
+    /// its late record is a redelivery.
     fn l1_no_early_stale_orders(&self) -> Vec<inv::Violation> {
         let stale = self.ledger_log.stale.lock().expect("ledger log").clone();
         let bumps = self.ledger_log.bumps.lock().expect("ledger log").clone();
         let claims = self.claims.lock().expect("claims").clone();
+        let visible_late = self.kafka.visible_late.lock().expect("kafka").clone();
+        let lost = self.redis.lost_outbox.lock().expect("lost outbox").clone();
         let history = self.history.lock().expect("history");
         let mut out = Vec::new();
         for (refused_at, rid) in stale {
             let Some(queued_at) = history.queued_at.get(&rid.to_string()).copied() else {
                 continue; // nobody was told "queued" for it
             };
+            if visible_late.contains_key(&rid.to_string()) && lost.contains_key(&rid.to_string()) {
+                continue;
+            }
             let Some(bump) = bumps.iter().rev().find(|b| **b <= refused_at) else {
                 continue;
             };
@@ -1818,12 +1848,16 @@ impl World {
                 let lossy = ms(100..200);
                 vec![
                     (ms(0..100), Fault::MqLoseAfterAck, lossy),
+                    // And records held back past the recovery's drain in the same window: the
+                    // rescue must make orders of their reservations that no late record undoes.
+                    (0, Fault::MqVisibleLate, lossy),
                     (
                         self.timings.aof_window_ms + lossy + ms(20..80),
                         Fault::RedisRestartAof,
                         0,
                     ),
                     (0, Fault::MqLoseInRecovery, 0),
+                    (0, Fault::MqLateInRecovery, 0),
                 ]
             }
             // The pause ends after the recovery bumped the generation (its publish window, and
@@ -1998,27 +2032,8 @@ impl World {
                 self.background.lock().expect("background").push(task);
             }
             Fault::FullLossRestart => self.full_loss_restart().await,
-            Fault::MqLoseInRecovery => {
-                let w = self.clone();
-                let task = tokio::spawn(async move {
-                    while w.raw_claim().is_none() {
-                        tokio::time::sleep(CHECK_EVERY).await;
-                    }
-                    let turn: fn(&mut crate::faults::Knobs, bool) = lose_after_ack;
-                    w.faults
-                        .event("window mq_lose_after_ack while a recovery runs".into());
-                    w.faults.open_window("mq_lose_after_ack", turn);
-                    while w.raw_claim().is_some() {
-                        // It outlasts the heal (which turns every knob off), as the recovery does.
-                        if w.faults.knobs().mq_lose_after_ack == 0.0 {
-                            w.faults.open_window("mq_lose_after_ack", turn);
-                        }
-                        tokio::time::sleep(CHECK_EVERY).await;
-                    }
-                    w.faults.close_window("mq_lose_after_ack", turn);
-                });
-                self.background.lock().expect("background").push(task);
-            }
+            Fault::MqLoseInRecovery => self.window_in_recovery("mq_lose_after_ack", lose_after_ack),
+            Fault::MqLateInRecovery => self.window_in_recovery("mq_visible_late", visible_late),
             // Aimed at a healthy activity under load (a key lost while a recovery rebuilds is
             // the recovery's anyway): it waits for one — in the late wave, if the first never
             // was (a recovery outlasts it as often as not).
@@ -2104,6 +2119,7 @@ impl World {
                     Fault::MqDelay => ("mq_delay", |k, on| k.mq_delay = delay(80, on)),
                     Fault::MqRefuse => ("mq_refuse", |k, on| k.mq_refuse = prob(0.5, on)),
                     Fault::MqAckLost => ("mq_ack_lost", |k, on| k.mq_ack_lost = prob(0.3, on)),
+                    Fault::MqVisibleLate => ("mq_visible_late", visible_late),
                     Fault::MqLoseAfterAck => ("mq_lose_after_ack", lose_after_ack),
                     Fault::RedisLatency => ("redis_latency", |k, on| k.redis_latency = delay(60, on)),
                     Fault::MqRewindFail => ("mq_rewind_fail", |k, on| k.mq_rewind_fail = prob(0.7, on)),
@@ -2123,6 +2139,27 @@ impl World {
                 self.background.lock().expect("background").push(task);
             }
         }
+    }
+
+    /// A knob window open for as long as the next recovery runs (from its claim until it finished),
+    /// outlasting the heal (which turns every knob off), as the recovery does.
+    fn window_in_recovery(self: &Arc<Self>, name: &'static str, turn: fn(&mut crate::faults::Knobs, bool)) {
+        let w = self.clone();
+        let task = tokio::spawn(async move {
+            while w.raw_claim().is_none() {
+                tokio::time::sleep(CHECK_EVERY).await;
+            }
+            w.faults.event(format!("window {name} while a recovery runs"));
+            w.faults.open_window(name, turn);
+            while w.raw_claim().is_some() {
+                if !w.faults.window_open(name) {
+                    w.faults.open_window(name, turn);
+                }
+                tokio::time::sleep(CHECK_EVERY).await;
+            }
+            w.faults.close_window(name, turn);
+        });
+        self.background.lock().expect("background").push(task);
     }
 
     /// A node stops (every task where it is), for `hold`, and goes on: a zombie.
@@ -2597,12 +2634,30 @@ impl World {
             .collect()
     }
 
+    /// Coverage: a record a slow follower held back became visible after a recovery bumped the
+    /// generation (it arrived before the bump), and its order stands — rescued into the ledger
+    /// before the bump, the late record a redelivery.
+    async fn cover_late_records(&self) {
+        let late = self.kafka.visible_late.lock().expect("kafka").clone();
+        let bumps = self.ledger_log.bumps.lock().expect("ledger log").clone();
+        let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
+        for o in db.orders.iter().filter(|o| o.status != OrderStatus::Failed) {
+            let Some((arrived, visible)) = late.get(&o.reservation.id.to_string()) else {
+                continue;
+            };
+            if bumps.iter().any(|b| arrived < b && b < visible) {
+                self.faults.cover("late_record_after_bump_kept");
+            }
+        }
+    }
+
     async fn final_checks(&self, drained: bool) {
         let snap = self.god.snapshot().await;
         self.record(self.safety(&snap), Verdict::Safety);
         self.record(self.failed_orders_bounded(), Verdict::Safety);
         self.record(self.god.generation_fenced().await, Verdict::Safety);
         self.record(self.stale_orders_refused(), Verdict::Safety);
+        self.cover_late_records().await;
         let checks = self.cfg.scenario.checks(self.cfg.jobs);
         let mut live = Vec::new();
         if checks.r1 {

@@ -12,9 +12,11 @@
 //! 3. Close every gate with the fence: from here no reserve and no transfer succeeds.
 //! 4. Wait out the publish window (a reserve made before the close may still be publishing) and
 //!    drain the order topic.
-//! 5. Rescue the outbox: every open reservation the ledger lacks is republished (adopted first,
-//!    so that its purchase cannot give it back meanwhile), stamped with the registry's current
-//!    generation (it is in Redis now, so it is no zombie); drain again.
+//! 5. Rescue the outbox: every open reservation the ledger lacks is applied to the ledger by the
+//!    recovery itself (adopted first, so that its purchase cannot give it back meanwhile),
+//!    stamped with the registry's current generation (it is in Redis now, so it is no zombie) —
+//!    not republished: a record can become visible after any drain, and after the bump it would
+//!    be refused as stale.
 //! 6. Bump the generation (the ledger refuses older orders from here on) — a compare-and-set on
 //!    the generation read before the rescue, so that a runner that stalled here past its lease
 //!    stops instead of putting the registry ahead of the gates its successor reopened — snapshot
@@ -27,8 +29,8 @@
 
 use crate::domain::{ActivityState, Reservation, StockPlan, UserId};
 use crate::ports::{
-    BucketImage, Claim, JournalKind, Ledger, OrderBus, OrderStatus, PortError, PortResult, Rebuilt,
-    StockCache, Transfer,
+    ApplyOutcome, BucketImage, Claim, JournalKind, Ledger, OrderBus, OrderStatus, PortError, PortResult,
+    Rebuilt, ReleaseKind, StockCache, Transfer,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -199,7 +201,7 @@ impl<C: StockCache> Held<'_, C> {
     }
 }
 
-/// Outbox entries adopted and republished at once by the rescue.
+/// Outbox entries adopted and applied at once (in one ledger transaction) by the rescue.
 const RESCUE_IN_FLIGHT: usize = 64;
 
 /// Wait until the consumer group has committed everything on the order topic; fail only if the
@@ -242,6 +244,104 @@ async fn wait<C: StockCache>(d: Duration, held: &Held<'_, C>) -> PortResult<()> 
         held.keep().await?;
     }
     Ok(())
+}
+
+/// Step 5: apply the open reservations the ledger lacks to the ledger, here, stamped with the
+/// registry's generation (they are in Redis now, so they are no zombies) — not republished: a
+/// record can become visible on the topic long after its append (a slow follower holds the high
+/// watermark back for up to `replica.lag.time.max.ms`), after the bump below, which would refuse
+/// it. Applied before the bump, each is an order (or a failed one its user can see) whatever the
+/// broker does with any record of it later: a late one is a redelivery. Adopted first, so that
+/// its purchase cannot give it back meanwhile. Returns how many were rescued.
+async fn rescue_into_ledger<C: StockCache, L: Ledger>(
+    cache: &C,
+    ledger: &L,
+    held: &Held<'_, C>,
+    rescue: &[&Reservation],
+    generation: u64,
+) -> PortResult<u64> {
+    let mut rescued = 0u64;
+    // A sale's worth of entries can be waiting here (every publish that failed while the gates
+    // were closing): adopted and applied many at a time, one ledger transaction per round,
+    // renewing the claim between rounds so that the lease does not run out under a long rescue.
+    for round in rescue.chunks(RESCUE_IN_FLIGHT) {
+        held.keep_if_due().await?;
+        let adopted = futures::future::join_all(round.iter().map(|r| cache.adopt(r))).await;
+        let mut batch = Vec::with_capacity(round.len());
+        for (r, adopted) in round.iter().zip(adopted) {
+            // Not adopted: settled or released meanwhile, nothing to rescue.
+            if adopted? {
+                batch.push(Reservation {
+                    generation,
+                    ..(*r).clone()
+                });
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let outcomes = ledger.apply(&batch).await?;
+        for (r, outcome) in batch.iter().zip(&outcomes) {
+            match outcome {
+                // Orders now (failed ones free their user): the rebuild closes their entries.
+                ApplyOutcome::Created
+                | ApplyOutcome::Redelivered
+                | ApplyOutcome::OutOfStock
+                | ApplyOutcome::StaleGeneration => {}
+                // Not an order: its units go back, as the consumer's release would give them (the
+                // rebuild refuses a bucket with an open entry the ledger lacks).
+                ApplyOutcome::DuplicateBuyer { .. } => {
+                    cache.release(r, ReleaseKind::Rejected).await?;
+                }
+                ApplyOutcome::UnknownBucket => {
+                    return Err(PortError::determinate(
+                        "recover",
+                        format!("reservation {}: the ledger has no bucket {}", r.id, r.bucket),
+                    ))
+                }
+            }
+        }
+        rescued += batch.len() as u64;
+    }
+    Ok(rescued)
+}
+
+/// Planted (`RescueRepublished`): step 5 as it was — the rescued reservations republished on the
+/// topic and drained, which a record visible after the drain (and after the bump) defeats.
+#[cfg(madsim)]
+async fn republish<C: StockCache, B: OrderBus>(
+    cache: &C,
+    bus: &B,
+    cfg: &RecoveryConfig,
+    held: &Held<'_, C>,
+    rescue: &[&Reservation],
+    generation: u64,
+    in_flight_ok: bool,
+) -> PortResult<u64> {
+    let (mut rescued, mut unknown) = (0u64, 0u64);
+    for r in rescue {
+        if !cache.adopt(r).await? {
+            continue;
+        }
+        let stamped = Reservation {
+            generation,
+            ..(*r).clone()
+        };
+        rescued += 1;
+        match bus.publish(&stamped).await {
+            Ok(()) => {}
+            Err(e) if e.is_indeterminate() => unknown += 1,
+            Err(e) => return Err(e),
+        }
+        held.keep_if_due().await?;
+    }
+    if rescued > 0 && !in_flight_ok {
+        if unknown > 0 {
+            wait(cfg.quiesce, held).await?;
+        }
+        drain(bus, cfg, held).await?;
+    }
+    Ok(rescued)
 }
 
 /// Recover the activity if it needs it (§11.3), under `fence` (see `new_fence`).
@@ -390,53 +490,31 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         .collect();
     let ids: BTreeSet<_> = open.iter().map(|r| r.id).collect();
     let held_ids = ledger.reconcile_view(plan.activity, &ids).await?.held;
-    let (mut rescued, mut unknown) = (0u64, 0u64);
     #[cfg(madsim)]
     let drop_outbox = crate::planted::on(crate::planted::Bug::RebuildDropsOutbox);
     #[cfg(not(madsim))]
     let drop_outbox = false;
-    // A sale's worth of entries can be waiting here (every publish that failed while the gates
-    // were closing): adopt and republish them many at a time, renewing the claim between rounds,
-    // so that the lease does not run out under a long rescue.
     let rescue: Vec<&Reservation> = open
         .iter()
         .filter(|r| !held_ids.contains(&r.id) && !drop_outbox)
         .collect();
-    for round in rescue.chunks(RESCUE_IN_FLIGHT) {
-        let results = futures::future::join_all(round.iter().map(|r| async {
-            if !cache.adopt(r).await? {
-                return Ok(None); // settled or released meanwhile
-            }
-            let stamped = Reservation {
-                generation: registry.intent.generation,
-                ..(*r).clone()
-            };
-            match bus.publish(&stamped).await {
-                Ok(()) => Ok(Some(true)),
-                // It may be stored, and may be stored late (the broker's ack was lost, the write
-                // goes on): waited out below like the purchases' publishes were.
-                Err(e) if e.is_indeterminate() => Ok(Some(false)),
-                Err(e) => Err(e),
-            }
-        }))
-        .await;
-        for r in results {
-            if let Some(acked) = r? {
-                rescued += 1;
-                unknown += u64::from(!acked);
-            }
-        }
-        held.keep_if_due().await?;
-    }
-    if rescued > 0 && !in_flight_ok {
-        // A rescued record whose publish outcome is unknown can land after a drain that found
-        // the topic empty — and after the bump below, which would refuse it (a unit told
-        // "queued", lost): the publish window first, as for the purchases' (step 4).
-        if unknown > 0 {
-            wait(cfg.quiesce, held).await?;
-        }
-        drain(bus, cfg, held).await?;
-    }
+    #[cfg(madsim)]
+    let rescued = if crate::planted::on(crate::planted::Bug::RescueRepublished) {
+        republish(
+            cache,
+            bus,
+            cfg,
+            held,
+            &rescue,
+            registry.intent.generation,
+            in_flight_ok,
+        )
+        .await?
+    } else {
+        rescue_into_ledger(cache, ledger, held, &rescue, registry.intent.generation).await?
+    };
+    #[cfg(not(madsim))]
+    let rescued = rescue_into_ledger(cache, ledger, held, &rescue, registry.intent.generation).await?;
     held.keep().await?;
 
     // Fault point: a runner stalled between its last renewal and the bump, once per run far past
