@@ -85,8 +85,8 @@ pub struct RedisStore {
     pub model: Arc<RedisModel>,
     /// What the next restart keeps (the nemesis picks it per restart).
     restart_mode: Mutex<Persistence>,
-    /// The image an AOF restart reloads, refreshed every window.
-    aof: Mutex<Keyspace>,
+    /// The image an AOF restart reloads, refreshed every window, and when it was taken.
+    aof: Mutex<(Keyspace, Duration)>,
     aof_window: Duration,
     starts: AtomicU64,
     /// Reservations open in Redis when it restarted and not in what it came back with, with the
@@ -105,13 +105,21 @@ pub struct RedisStore {
     /// never holds more than the ledger can sell otherwise (takes and reserves come before the
     /// ledger's step, gives after it), so no more orders of a bucket can fail for want of a unit.
     pub overstated: Mutex<BTreeMap<String, u64>>,
+    /// Every reserve since the last restart that answered "reserved": when, its reservation id
+    /// and its stock key.
+    reserved: Mutex<Vec<(Duration, String, String)>>,
+    /// Reserves a restart lost (made after the image it came back with was taken), by
+    /// reservation id, with their stock key: each one whose order the ledger took left Redis a
+    /// unit it had sold — what makes Redis hold more than the ledger can sell, exactly, even
+    /// where a release lost in the same window makes the stock come back no higher.
+    pub lost_reserves: Mutex<BTreeMap<String, String>>,
     /// When the nemesis last deleted a key (`RedisKeyLost`): a loss without a restart.
     pub key_lost_at: Mutex<Option<Duration>>,
     /// A stock key to lose when a write of it arrives, after the writer's check found it.
     pub lose_at_write: Mutex<Option<LoseAtWrite>>,
     /// A replica's image: the next (re)start comes back with it whatever the persistence (a
     /// failover promotes the replica; the clients reconnect to the same address).
-    promoted: Mutex<Option<Keyspace>>,
+    promoted: Mutex<Option<(Keyspace, Duration)>>,
     _alive: Alive,
 }
 
@@ -159,13 +167,15 @@ impl RedisStore {
         RedisStore {
             model: Arc::new(RedisModel::new()),
             restart_mode: Mutex::new(persistence),
-            aof: Mutex::new(Keyspace::new()),
+            aof: Mutex::new((Keyspace::new(), Duration::ZERO)),
             aof_window,
             starts: AtomicU64::new(0),
             lost_outbox: Mutex::default(),
             adopted_at: Mutex::default(),
             restarted_at: Mutex::default(),
             overstated: Mutex::default(),
+            reserved: Mutex::default(),
+            lost_reserves: Mutex::default(),
             key_lost_at: Mutex::default(),
             lose_at_write: Mutex::default(),
             promoted: Mutex::default(),
@@ -184,9 +194,9 @@ impl RedisStore {
     }
 
     /// The next (re)start promotes a replica holding `image` (what the primary held when the
-    /// replica last caught up).
-    pub fn promote_at_restart(&self, image: Keyspace) {
-        *self.promoted.lock().expect("promoted") = Some(image);
+    /// replica last caught up, at `taken_at`).
+    pub fn promote_at_restart(&self, image: Keyspace, taken_at: Duration) {
+        *self.promoted.lock().expect("promoted") = Some((image, taken_at));
     }
 }
 
@@ -196,11 +206,27 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
         let (before, stock_before) = store.model.read(|ks| (outbox(ks), stocks(ks)));
         let mode = *store.restart_mode.lock().expect("mode");
         let promoted = store.promoted.lock().expect("promoted").take();
-        match (promoted, mode) {
-            (Some(image), _) => store.model.restore(image),
-            (None, Persistence::Volatile) => store.model.flush_all(),
-            (None, Persistence::Aof) => store.model.restore(store.aof.lock().expect("aof").clone()),
-        }
+        let taken_at = match (promoted, mode) {
+            (Some((image, at)), _) => {
+                store.model.restore(image);
+                at
+            }
+            (None, Persistence::Volatile) => {
+                store.model.flush_all();
+                Duration::ZERO
+            }
+            (None, Persistence::Aof) => {
+                let (image, at) = store.aof.lock().expect("aof").clone();
+                store.model.restore(image);
+                at
+            }
+        };
+        let reserved = std::mem::take(&mut *store.reserved.lock().expect("reserved"));
+        store.lost_reserves.lock().expect("lost reserves").extend(
+            (reserved.into_iter())
+                .filter(|(at, _, _)| *at > taken_at)
+                .map(|(_, rid, key)| (rid, key)),
+        );
         let (after, stock_after) = store.model.read(|ks| (outbox(ks), stocks(ks)));
         let mut overstated = store.overstated.lock().expect("overstated");
         for (key, units) in stock_after {
@@ -255,6 +281,17 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
             let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
             if let (Reply::Array(items), Some(rid)) = (&reply, req.args.get(1)) {
                 match items.first() {
+                    Some(Reply::Bulk(tag))
+                        if tag == b"reserved" && matches!(req.args[0].as_str(), "own" | "fallback") =>
+                    {
+                        if let (Some(rid), Some(key)) = (req.args.get(3), req.keys.first()) {
+                            let at = f.elapsed();
+                            s.reserved
+                                .lock()
+                                .expect("reserved")
+                                .push((at, rid.clone(), key.clone()));
+                        }
+                    }
                     Some(Reply::Bulk(tag)) if tag == b"adopted" => {
                         let at = f.elapsed();
                         s.adopted_at.lock().expect("adopted").insert(rid.clone(), at);
@@ -293,7 +330,7 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
     });
     // The AOF fsync: what a restart in AOF mode comes back with.
     loop {
-        *store.aof.lock().expect("aof") = store.model.dump();
+        *store.aof.lock().expect("aof") = (store.model.dump(), faults.elapsed());
         tokio::time::sleep(store.aof_window).await;
     }
 }

@@ -523,7 +523,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     #[cfg(madsim)]
     {
         let floor = Duration::from_millis(lease_ms(cfg)) + cfg.quiesce * 2 + Duration::from_secs(1);
-        crate::planted::stall_once_past(3, 2, floor, floor + Duration::from_secs(5)).await;
+        crate::planted::stall_once_past(3, 1, floor, floor + Duration::from_secs(5)).await;
     }
     // Step 6: from here the ledger refuses orders reserved before the loss.
     #[cfg(madsim)]
