@@ -22,7 +22,8 @@
 --   read — a recovery the caller did not see reopened it since, and the caller's claim is stale
 --   (a runner paused between its claim and its close must not halt the sale again)
 -- op "reopen"  ARGV fence, intent, version, generation
---   -> {"reopened", state} | {"fenced"} (another claim holds the gate, or it is not recovering)
+--   -> {"reopened", state} (also when already reopened at this generation: a re-sent reopen)
+--    | {"fenced"} (another claim holds the gate, or it is not recovering)
 -- op "read"    -> the value, or false
 local op = ARGV[1]
 local INTENTS = { open = true, paused = true, closed = true }
@@ -125,6 +126,12 @@ elseif op == "reopen" then
   local want, err = intent_args(3)
   if not want then
     return err
+  end
+  -- Reopened already at this generation: this call's own first run (a client that lost the
+  -- reply and sent the script again). Only the runner whose bump made the generation reopens
+  -- at it; a runner that took over bumps past it first.
+  if gate and gate.state ~= "recovering" and gate.fence == "" and gate.generation == want.generation then
+    return {"reopened", gate.state}
   end
   if not gate or gate.state ~= "recovering" or gate.fence ~= fence then
     return {"fenced"}

@@ -24,6 +24,7 @@
 -- op "renew":  KEYS[1] sk:{A}:meta   ARGV[2] fence  ARGV[3] lease ms   -> {"renewed"} | {"lost"}
 --   A lease of 0 lets the claim expire now (a runner giving up: the next one claims at once).
 -- op "finish": KEYS[1] sk:{A}:meta   ARGV[2] fence  ARGV[3] epoch      -> {"finished"} | {"lost"}
+--   ({"finished"} again for a re-sent finish: no claim left and the epoch already this one)
 --   Recovery's last step: the claim goes, the epoch is the run id the rebuild is valid for.
 -- op "moved":  KEYS[1] sk:{A}:meta   -> {"ok", n}
 --   Counts a rebalancing round (field `moves`): engines that see it change forget their local
@@ -107,7 +108,13 @@ elseif op == "finish" then
   if not fence or not ARGV[3] or ARGV[3] == "" then
     return redis.error_reply("ERR warmup: finish wants an alphanumeric fence and an epoch")
   end
-  if redis.call("HGET", KEYS[1], "claim") ~= fence then
+  local held = redis.call("HGET", KEYS[1], "claim")
+  -- Finished already with this epoch: this call's own first run, sent again by a client that
+  -- lost its reply.
+  if not held and redis.call("HGET", KEYS[1], "epoch") == ARGV[3] then
+    return {"finished"}
+  end
+  if held ~= fence then
     return {"lost"}
   end
   redis.call("HDEL", KEYS[1], "claim", "deadline")

@@ -465,6 +465,16 @@ where
         for b in plan.all_buckets() {
             assert!(c.reopen(&plan, b, "f1", &back).await.unwrap());
         }
+        assert!(
+            c.reopen(&plan, BucketNo(0), "f1", &back).await.unwrap(),
+            "a re-sent reopen answers what its first run did"
+        );
+        assert!(
+            !c.reopen(&plan, BucketNo(0), "f1", &intent(ActivityState::Open, 1, 4))
+                .await
+                .unwrap(),
+            "a reopen at another generation than the gate's is fenced"
+        );
         let gate = c.snapshot(&plan).await.unwrap().buckets[0].gate.clone().unwrap();
         assert_eq!(
             (gate.state, gate.version, gate.generation, gate.fence),
@@ -477,6 +487,14 @@ where
             "only the claim's holder finishes"
         );
         assert!(c.finish(&plan, "f1", "e2").await.unwrap());
+        assert!(
+            c.finish(&plan, "f1", "e2").await.unwrap(),
+            "a re-sent finish answers what its first run did"
+        );
+        assert!(
+            !c.finish(&plan, "f1", "e3").await.unwrap(),
+            "nothing to finish under another epoch"
+        );
         let meta = c.meta(plan.activity).await.unwrap().unwrap();
         assert_eq!((meta.claim, meta.epoch.as_deref()), (None, Some("e2")));
         c.set_gates(&plan, &intent(ActivityState::Open, 3, 5))

@@ -27,6 +27,9 @@ pub struct Knobs {
     pub mq_visible_late: f64,
     /// Redis: extra latency before each command, up to this much.
     pub redis_latency: Duration,
+    /// Redis: a script runs, its reply is lost, and the client sends it again (the caller hears
+    /// the second run's reply).
+    pub redis_resend: f64,
     /// Redis: a script blocks the server for this long (every command queues behind it).
     pub redis_slow_script: f64,
     /// MySQL: the transaction fails with a lock-wait timeout (determinate: rolled back).

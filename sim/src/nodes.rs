@@ -33,6 +33,7 @@ pub struct EngineParams {
     /// Wall-clock origin of this incarnation (the sim epoch, skewed by the nemesis).
     pub wall_ms: u64,
     pub timings: Timings,
+    pub faults: Arc<crate::faults::Faults>,
 }
 
 /// What production leaves to configuration (its own or Redis's), drawn per seed so that a sweep
@@ -102,7 +103,7 @@ impl Timings {
 /// An API node: the production `api` role (`roles::api_role`), driven over simulated RPC.
 pub async fn engine_main(p: EngineParams) {
     let ep = Arc::new(Endpoint::bind(p.addr).await.expect("bind engine"));
-    let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
+    let cache = ScriptedStockCache::new(SimRedis::new(ep.clone(), p.faults.clone()));
     let bus = SimBus::new(ep.clone());
     let ledger = SimLedger::new(ep.clone());
     let clock = Clock::new(p.wall_ms, tokio::time::Instant::now());
@@ -186,7 +187,7 @@ pub async fn engine_main(p: EngineParams) {
 /// traced as `reconciler: …`.
 pub async fn jobs_main(addr: SocketAddr, index: usize, timings: Timings, faults: Arc<crate::faults::Faults>) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind jobs"));
-    let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
+    let cache = ScriptedStockCache::new(SimRedis::new(ep.clone(), faults.clone()));
     let ledger = SimLedger::new(ep.clone());
     let bus = SimBus::new(ep);
     let clock = Clock::new(faults.wall_ms(0), tokio::time::Instant::now());
@@ -312,7 +313,7 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
 /// failed batch is traced (it is redelivered: nothing was committed) and retried after a pause.
 pub async fn consumer_main(addr: SocketAddr, index: u32, batch: usize, faults: Arc<crate::faults::Faults>) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind consumer"));
-    let cache = ScriptedStockCache::new(SimRedis::new(ep.clone()));
+    let cache = ScriptedStockCache::new(SimRedis::new(ep.clone(), faults.clone()));
     let bus = SimBus::new(ep.clone());
     let mut consumer = roles::worker_role(cache, &bus, SimLedger::new(ep), GROUP, batch)
         .await

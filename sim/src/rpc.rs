@@ -53,11 +53,13 @@ macro_rules! request {
 }
 
 // Redis
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct EvalSha {
     pub sha: String,
     pub keys: Vec<String>,
     pub args: Vec<String>,
+    /// Sent again by the client after its first run's reply was lost.
+    pub resent: bool,
 }
 request!(EvalSha => Reply, 0x5e01);
 

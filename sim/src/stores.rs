@@ -200,6 +200,28 @@ impl RedisStore {
     }
 }
 
+/// Coverage of the "already done" branches a script's second run takes (a re-sent script:
+/// `RedisResend`): each must answer what its first run did and change nothing.
+fn cover_rerun(f: &Faults, req: &rpc::EvalSha, reply: &Reply) {
+    let Reply::Array(items) = reply else { return };
+    let Some(Reply::Bulk(tag)) = items.first() else {
+        return;
+    };
+    let op = req.args.first().map(String::as_str).unwrap_or("");
+    let target = match (op, tag.as_slice()) {
+        ("own" | "fallback", b"reserved") => "rerun_reserve_kept",
+        ("unpublished" | "rejected" | "cancelled", b"absent") => "rerun_release_absent",
+        ("take" | "give", b"exists") => "rerun_transfer_exists",
+        // settle.lua's only argument is the reservation id.
+        (_, b"absent") if req.keys.len() == 1 && req.args.len() == 1 => "rerun_settle_absent",
+        (_, b"rebuilt") => "rerun_rebuild_again",
+        (_, b"reopened") => "rerun_reopen_kept",
+        (_, b"finished") => "rerun_finish_kept",
+        _ => return,
+    };
+    f.cover(target);
+}
+
 /// The Redis node's main: runs on every (re)start of the node.
 pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
     if store.starts.fetch_add(1, Ordering::SeqCst) > 0 {
@@ -279,6 +301,9 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                 }
             }
             let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
+            if req.resent {
+                cover_rerun(&f, &req, &reply);
+            }
             if let (Reply::Array(items), Some(rid)) = (&reply, req.args.get(1)) {
                 match items.first() {
                     Some(Reply::Bulk(tag))
@@ -339,11 +364,12 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
 #[derive(Clone)]
 pub struct SimRedis {
     ep: Arc<Endpoint>,
+    faults: Arc<Faults>,
 }
 
 impl SimRedis {
-    pub fn new(ep: Arc<Endpoint>) -> Self {
-        SimRedis { ep }
+    pub fn new(ep: Arc<Endpoint>, faults: Arc<Faults>) -> Self {
+        SimRedis { ep, faults }
     }
 }
 
@@ -360,7 +386,24 @@ impl ScriptConn for SimRedis {
             sha: sha.to_string(),
             keys: keys.to_vec(),
             args: args.to_vec(),
+            resent: false,
         };
+        if chance(self.faults.knobs().redis_resend) {
+            // The script ran and its reply was lost with the connection; the client reconnects
+            // and sends it again (redis-rs's cluster client does, `retries(n)`): the caller hears
+            // the second run's reply, whatever the first did.
+            self.faults.fired("redis_resent");
+            let _ = self
+                .ep
+                .call_timeout(addr(rpc::REDIS), req.clone(), REDIS_TIMEOUT)
+                .await;
+            let resent = rpc::EvalSha { resent: true, ..req };
+            return self
+                .ep
+                .call_timeout(addr(rpc::REDIS), resent, REDIS_TIMEOUT)
+                .await
+                .map_err(|e| lost("redis", e));
+        }
         self.ep
             .call_timeout(addr(rpc::REDIS), req, REDIS_TIMEOUT)
             .await

@@ -28,7 +28,7 @@ use seckill_engine::ports::{CacheView, Ledger, OrderStatus, PayOutcome, StockCac
 use seckill_engine::service::{audit, OrderState, PurchaseOutcome};
 use seckill_invariants as inv;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -135,6 +135,9 @@ pub enum Fault {
     /// Records become visible late (`MqVisibleLate`) for as long as the next recovery runs: a
     /// record of its own rescue must not land after its bump, refused as stale.
     MqLateInRecovery,
+    /// Redis scripts are re-sent (`RedisResend`, every other one) for as long as the next
+    /// recovery runs: its close, rebuild, reopen and finish run twice.
+    RedisResendInRecovery,
     /// An API node stops (SIGSTOP-like) past the delivery timeout, then goes on where it was.
     EnginePause,
     /// A jobs node stops past its recovery claim's lease, then goes on where it was.
@@ -149,12 +152,21 @@ pub enum Fault {
     /// slow to replicate holds the high watermark back), their producers long gone: a record
     /// that lands after a recovery's drain and bump.
     MqVisibleLate,
+    /// A script runs, its reply is lost with the connection, and the Redis client sends it again
+    /// (as redis-rs's cluster client does): every script must answer its re-run what its first
+    /// run did.
+    RedisResend,
 }
 
 /// A knob's probability while its window is open, else 0.
 /// The knob of a window in which the broker loses records after their ack (one in five).
 fn lose_after_ack(k: &mut crate::faults::Knobs, on: bool) {
     k.mq_lose_after_ack = prob(0.2, on);
+}
+
+/// The knob of a window in which Redis scripts are re-sent (one in five).
+fn redis_resend(k: &mut crate::faults::Knobs, on: bool) {
+    k.redis_resend = prob(0.2, on);
 }
 
 /// The knob of a window in which records become visible past the quiesce (three in ten).
@@ -219,6 +231,7 @@ const PRODUCER_FAULTS: &[Fault] = &[
     Fault::MqAckLost,
     Fault::MqDelay,
     Fault::MqDuplicate,
+    Fault::RedisResend,
 ];
 const ALL_FAULTS: &[Fault] = &[
     Fault::ConsumerCrash,
@@ -247,6 +260,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::PacketLoss,
     Fault::MqRewindFail,
     Fault::MqVisibleLate,
+    Fault::RedisResend,
 ];
 
 /// Which checks a run holds the engine to.
@@ -309,6 +323,7 @@ impl Scenario {
                 Fault::EnginePause,
                 Fault::MqAckLost,
                 Fault::MqVisibleLate,
+                Fault::RedisResend,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
@@ -627,6 +642,29 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         100,
     ),
+    // A script run again after its reply was lost (`RedisResend`) takes its "already done"
+    // branch and answers what its first run did.
+    (
+        "rerun_reserve_kept",
+        &[Scenario::ProducerFaults, Scenario::Chaos],
+        20,
+    ),
+    (
+        "rerun_release_absent",
+        &[Scenario::ProducerFaults, Scenario::Chaos],
+        100,
+    ),
+    (
+        "rerun_settle_absent",
+        &[Scenario::ProducerFaults, Scenario::Chaos],
+        20,
+    ),
+    ("rerun_transfer_exists", &[Scenario::Chaos], 200),
+    (
+        "rerun_rebuild_again",
+        &[Scenario::Chaos, Scenario::CompetingRecoveries],
+        200,
+    ),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -670,6 +708,9 @@ struct History {
     queued_sent_at: BTreeMap<String, Duration>,
     confirmed: Vec<String>,
     outcomes: BTreeMap<String, u64>,
+    /// Users with an answer that may hide a reservation: none at all, an error, or
+    /// "unavailable" (a reserve or a release whose outcome the engine did not know).
+    unsure: BTreeSet<UserId>,
 }
 
 /// The god view: reads the stores' state directly (not over the network), as the checker must.
@@ -1113,6 +1154,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
                         activity: act.clone(),
                         wall_ms: f.wall_ms(skew),
                         timings,
+                        faults: f.clone(),
                     })
                 })
                 .build()
@@ -1603,6 +1645,16 @@ impl World {
         let answer = ep
             .call_timeout(engine, rpc::Purchase { user }, Duration::from_secs(1))
             .await;
+        if !matches!(
+            answer,
+            Ok(Ok(PurchaseOutcome::Queued(_)
+                | PurchaseOutcome::Duplicate
+                | PurchaseOutcome::SoldOut
+                | PurchaseOutcome::NotStarted
+                | PurchaseOutcome::Ended))
+        ) {
+            self.history.lock().expect("history").unsure.insert(user);
+        }
         if let Ok(Ok(PurchaseOutcome::Queued(r))) = &answer {
             // A pause is lifted once the registry holds a newer open intent (a resume's
             // registry write precedes its gates'): ground truth, whatever order concurrent
@@ -1860,6 +1912,7 @@ impl World {
                     ),
                     (0, Fault::MqLoseInRecovery, 0),
                     (0, Fault::MqLateInRecovery, 0),
+                    (0, Fault::RedisResendInRecovery, 0),
                 ]
             }
             // The pause ends after the recovery bumped the generation (its publish window, and
@@ -2036,6 +2089,11 @@ impl World {
             Fault::FullLossRestart => self.full_loss_restart().await,
             Fault::MqLoseInRecovery => self.window_in_recovery("mq_lose_after_ack", lose_after_ack),
             Fault::MqLateInRecovery => self.window_in_recovery("mq_visible_late", visible_late),
+            // Every other script: a recovery that fails at each re-sent step its first run already
+            // took (a reopen, a finish) never finishes.
+            Fault::RedisResendInRecovery => {
+                self.window_in_recovery("redis_resend", |k, on| k.redis_resend = prob(0.5, on))
+            }
             // Aimed at a healthy activity under load (a key lost while a recovery rebuilds is
             // the recovery's anyway): it waits for one — in the late wave, if the first never
             // was (a recovery outlasts it as often as not).
@@ -2122,6 +2180,7 @@ impl World {
                     Fault::MqRefuse => ("mq_refuse", |k, on| k.mq_refuse = prob(0.5, on)),
                     Fault::MqAckLost => ("mq_ack_lost", |k, on| k.mq_ack_lost = prob(0.3, on)),
                     Fault::MqVisibleLate => ("mq_visible_late", visible_late),
+                    Fault::RedisResend => ("redis_resend", redis_resend),
                     Fault::MqLoseAfterAck => ("mq_lose_after_ack", lose_after_ack),
                     Fault::RedisLatency => ("redis_latency", |k, on| k.redis_latency = delay(60, on)),
                     Fault::MqRewindFail => ("mq_rewind_fail", |k, on| k.mq_rewind_fail = prob(0.7, on)),
@@ -2616,6 +2675,29 @@ impl World {
     /// back with above what it held (a key it lost counts whole), or, where that is more, the
     /// units of the reserves it lost whose orders the ledger took (a release lost in the same
     /// window can make the stock come back no higher while those units are sold twice).
+    /// S7 for the purchase answers: every order the ledger holds was announced to its user — told
+    /// "queued", or hidden behind an answer that did not know (no answer, "unavailable"). An order
+    /// of a user whose every answer was definite ("duplicate", "sold out") came from a reserve
+    /// the user was told had not happened: a re-sent script that answered its own first run
+    /// "duplicate", say.
+    async fn orders_announced(&self) -> Vec<inv::Violation> {
+        let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
+        let h = self.history.lock().expect("history");
+        let queued: BTreeSet<&String> = h.queued.iter().collect();
+        db.orders
+            .iter()
+            .filter(|o| !queued.contains(&o.reservation.id.to_string()) && !h.unsure.contains(&o.reservation.user))
+            .map(|o| inv::Violation {
+                invariant: inv::Invariant::S7AnswersTrue,
+                bucket: Some(o.reservation.bucket.0),
+                detail: format!(
+                    "user {} holds order {} ({:?}), yet no answer it got said \"queued\" for it or left its outcome open",
+                    o.reservation.user, o.reservation.id, o.status
+                ),
+            })
+            .collect()
+    }
+
     async fn failed_orders_bounded(&self) -> Vec<inv::Violation> {
         use seckill_engine::adapters::script::stock_key;
         let failed = self.ledger_log.out_of_stock.lock().expect("ledger log").clone();
@@ -2667,6 +2749,7 @@ impl World {
         let snap = self.god.snapshot().await;
         self.record(self.safety(&snap), Verdict::Safety);
         self.record(self.failed_orders_bounded().await, Verdict::Safety);
+        self.record(self.orders_announced().await, Verdict::Safety);
         self.record(self.god.generation_fenced().await, Verdict::Safety);
         self.record(self.stale_orders_refused(), Verdict::Safety);
         self.cover_late_records().await;

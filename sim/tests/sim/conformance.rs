@@ -55,7 +55,12 @@ async fn the_simulated_redis_conforms() {
         .build();
     on_client(|ep| async move {
         stock_cache_conformance(
-            || std::future::ready(ScriptedStockCache::new(SimRedis::new(ep.clone()))),
+            || {
+                std::future::ready(ScriptedStockCache::new(SimRedis::new(
+                    ep.clone(),
+                    Arc::new(Faults::new()),
+                )))
+            },
             1,
         )
         .await
