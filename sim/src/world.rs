@@ -665,6 +665,16 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
+    (
+        "rerun_reopen_kept",
+        &[Scenario::Chaos, Scenario::CompetingRecoveries],
+        200,
+    ),
+    (
+        "rerun_finish_kept",
+        &[Scenario::Chaos, Scenario::CompetingRecoveries],
+        200,
+    ),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -1928,7 +1938,11 @@ impl World {
             _ => Vec::new(),
         };
         let mut quiet = match self.cfg.scenario {
-            Scenario::CompetingRecoveries => aimed[0].2 + ms(500..1_000),
+            // Long enough for the recovery the pair starts to wait out its publish window and
+            // reach its rescue before a random fault (another restart, a paused runner) cuts it.
+            Scenario::CompetingRecoveries => {
+                aimed[0].2 + self.timings.recovery().quiesce.as_millis() as u64 + ms(300..800)
+            }
             _ => 0,
         };
         aimed.reverse();
