@@ -423,8 +423,8 @@ async fn competing_recoveries_are_fenced() {
     };
     assert_eq!(report.stock, 15);
     // Runner 1 wakes up and tries to go on with its old fence: refused everywhere — its close
-    // (it read generation 0 before its claim; the gates carry 1 now), its bump, its rebuild, its
-    // reopen and its finish.
+    // (it read generation 0 before its claim; the gates carry 1 now), its bump, its rebuild and
+    // its finish; its reopen changes nothing.
     assert!(!w.cache.close_gates(&w.plan, "r1", 0).await.unwrap());
     assert!(w
         .cache
@@ -443,8 +443,19 @@ async fn competing_recoveries_are_fenced() {
         w.cache.rebuild(&w.plan, BucketNo(0), "r1", &image).await.unwrap(),
         seckill_engine::ports::Rebuilt::Fenced
     );
+    // Its reopen: refused at a generation the gate does not carry; at the gate's own (which
+    // only the bump that made it reopens at, and its bump was refused) it changes nothing.
     let intent = w.ledger.registry(A).await.unwrap().unwrap().intent;
-    assert!(!w.cache.reopen(&w.plan, BucketNo(0), "r1", &intent).await.unwrap());
+    let gates =
+        |v: seckill_engine::ports::CacheView| v.buckets.into_iter().map(|b| b.gate).collect::<Vec<_>>();
+    let before = gates(w.cache.snapshot(&w.plan).await.unwrap());
+    let older = seckill_engine::ports::Intent {
+        generation: 0,
+        ..intent.clone()
+    };
+    assert!(!w.cache.reopen(&w.plan, BucketNo(0), "r1", &older).await.unwrap());
+    w.cache.reopen(&w.plan, BucketNo(0), "r1", &intent).await.unwrap();
+    assert_eq!(gates(w.cache.snapshot(&w.plan).await.unwrap()), before);
     assert!(!w.cache.finish(&w.plan, "r1", "stale").await.unwrap());
     // A live claim makes the other runner back off.
     assert!(matches!(
