@@ -281,6 +281,16 @@ async fn rescue_into_ledger<C: StockCache, L: Ledger>(
             continue;
         }
         let outcomes = ledger.apply(&batch).await?;
+        if outcomes.len() != batch.len() {
+            return Err(PortError::indeterminate(
+                "recover",
+                format!(
+                    "ledger returned {} outcomes for {} rescued",
+                    outcomes.len(),
+                    batch.len()
+                ),
+            ));
+        }
         for (r, outcome) in batch.iter().zip(&outcomes) {
             match outcome {
                 // Orders now (failed ones free their user): the rebuild closes their entries.
