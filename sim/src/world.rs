@@ -2694,8 +2694,7 @@ impl World {
     /// of a user whose every answer was definite ("duplicate", "sold out") came from a reserve
     /// the user was told had not happened: a re-sent script that answered its own first run
     /// "duplicate", say.
-    async fn orders_announced(&self) -> Vec<inv::Violation> {
-        let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
+    fn orders_announced(&self, db: &seckill_engine::ports::LedgerView) -> Vec<inv::Violation> {
         let h = self.history.lock().expect("history");
         let queued: BTreeSet<&String> = h.queued.iter().collect();
         db.orders
@@ -2712,12 +2711,11 @@ impl World {
             .collect()
     }
 
-    async fn failed_orders_bounded(&self) -> Vec<inv::Violation> {
+    fn failed_orders_bounded(&self, db: &seckill_engine::ports::LedgerView) -> Vec<inv::Violation> {
         use seckill_engine::adapters::script::stock_key;
         let failed = self.ledger_log.out_of_stock.lock().expect("ledger log").clone();
         let overstated = self.redis.overstated.lock().expect("overstated").clone();
         let lost = self.redis.lost_reserves.lock().expect("lost reserves").clone();
-        let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
         let mut sold_twice: BTreeMap<String, u64> = BTreeMap::new();
         for o in db.orders.iter().filter(|o| o.status != OrderStatus::Failed) {
             if let Some(key) = lost.get(&o.reservation.id.to_string()) {
@@ -2745,10 +2743,9 @@ impl World {
     /// Coverage: a record a slow follower held back became visible after a recovery bumped the
     /// generation (it arrived before the bump), and its order stands — rescued into the ledger
     /// before the bump, the late record a redelivery.
-    async fn cover_late_records(&self) {
+    fn cover_late_records(&self, db: &seckill_engine::ports::LedgerView) {
         let late = self.kafka.visible_late.lock().expect("kafka").clone();
         let bumps = self.ledger_log.bumps.lock().expect("ledger log").clone();
-        let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
         for o in db.orders.iter().filter(|o| o.status != OrderStatus::Failed) {
             let Some((arrived, visible)) = late.get(&o.reservation.id.to_string()) else {
                 continue;
@@ -2761,12 +2758,13 @@ impl World {
 
     async fn final_checks(&self, drained: bool) {
         let snap = self.god.snapshot().await;
+        let db = self.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
         self.record(self.safety(&snap), Verdict::Safety);
-        self.record(self.failed_orders_bounded().await, Verdict::Safety);
-        self.record(self.orders_announced().await, Verdict::Safety);
+        self.record(self.failed_orders_bounded(&db), Verdict::Safety);
+        self.record(self.orders_announced(&db), Verdict::Safety);
         self.record(self.god.generation_fenced().await, Verdict::Safety);
         self.record(self.stale_orders_refused(), Verdict::Safety);
-        self.cover_late_records().await;
+        self.cover_late_records(&db);
         let checks = self.cfg.scenario.checks(self.cfg.jobs);
         let mut live = Vec::new();
         if checks.r1 {

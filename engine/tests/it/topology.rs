@@ -93,6 +93,17 @@ impl World {
         lost
     }
 
+    /// The reservation's user holds it as a created order.
+    async fn assert_created(&self, r: &Reservation) {
+        let row = self
+            .ledger
+            .order_of(A, r.user)
+            .await
+            .unwrap()
+            .expect("the rescued order");
+        assert_eq!((row.reservation.id, row.status), (r.id, OrderStatus::Created));
+    }
+
     async fn recover(&self, fence: &str) -> Recovery {
         jobs::recover_if_needed(
             &self.cache,
@@ -614,13 +625,7 @@ async fn the_recovery_rescues_the_outbox() {
         panic!()
     };
     assert_eq!(report.rescued, 1, "{report:?}");
-    let row = w
-        .ledger
-        .order_of(A, UserId(1))
-        .await
-        .unwrap()
-        .expect("the rescued order");
-    assert_eq!((row.reservation.id, row.status), (lost.id, OrderStatus::Created));
+    w.assert_created(&lost).await;
     consumer.abort();
     assert_eq!(w.violations().await, Vec::<String>::new());
 }
@@ -647,12 +652,6 @@ async fn a_rescued_reservation_is_an_order_whatever_the_broker_does_later() {
     w.bus.knob.set(crate::support::Mode::Pass);
     w.bus.publish(&lost).await.unwrap();
     w.drain().await;
-    let row = w
-        .ledger
-        .order_of(A, UserId(1))
-        .await
-        .unwrap()
-        .expect("the rescued order");
-    assert_eq!((row.reservation.id, row.status), (lost.id, OrderStatus::Created));
+    w.assert_created(&lost).await;
     assert_eq!(w.violations().await, Vec::<String>::new());
 }
