@@ -102,6 +102,9 @@ const ORDER_COLUMNS: &str =
     "reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status, generation";
 const ACTIVITY_COLUMNS: &str = "id, total_stock, bucket_count, fallback_pct, per_user_limit, start_ms, \
                                 end_ms, pay_timeout_ms, state, intent_version, generation";
+/// The registry: the activity row and its generation's own row (which the batches lock, so that
+/// the operator's intent writes on the activity row never wait for them).
+const REGISTRY: &str = "activity JOIN activity_generation ON activity_generation.activity_id = activity.id";
 
 fn registered_of_row(row: &MySqlRow) -> PortResult<Registered> {
     let op = "read activity";
@@ -285,11 +288,12 @@ impl MysqlLedger {
         // The activity's generation under a shared lock held to COMMIT: a recovery's bump
         // (an UPDATE of this row) waits for this batch, so its snapshot either holds this order or
         // the order is refused here (DESIGN §11.3).
-        let current: Option<(u64,)> =
-            sqlx::query_as("SELECT generation FROM activity WHERE id = ? LOCK IN SHARE MODE")
-                .bind(r.activity.0)
-                .fetch_optional(&mut **tx)
-                .await?;
+        let current: Option<(u64,)> = sqlx::query_as(
+            "SELECT generation FROM activity_generation WHERE activity_id = ? LOCK IN SHARE MODE",
+        )
+        .bind(r.activity.0)
+        .fetch_optional(&mut **tx)
+        .await?;
         if current.is_some_and(|(g,)| r.generation < g) {
             sqlx::query("UPDATE seckill_order SET status = 'failed' WHERE reservation_id = ?")
                 .bind(&id)
@@ -510,6 +514,10 @@ impl MysqlLedger {
             }
             return Ok(false);
         }
+        sqlx::query("INSERT INTO activity_generation (activity_id) VALUES (?)")
+            .bind(s.id.0)
+            .execute(&mut *tx)
+            .await?;
         for b in plan.all_buckets() {
             sqlx::query(
                 "INSERT INTO stock_bucket (activity_id, bucket_no, initial, remaining) VALUES (?, ?, ?, ?)",
@@ -554,11 +562,12 @@ impl MysqlLedger {
         // The generation under a shared lock held to COMMIT, as for an order: a recovery's bump
         // waits for this transfer, so its snapshot holds it or it is refused here. Taken first:
         // the read below then sees every transfer committed before this one could start.
-        let current: Option<(u64,)> =
-            sqlx::query_as("SELECT generation FROM activity WHERE id = ? LOCK IN SHARE MODE")
-                .bind(activity.0)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let current: Option<(u64,)> = sqlx::query_as(
+            "SELECT generation FROM activity_generation WHERE activity_id = ? LOCK IN SHARE MODE",
+        )
+        .bind(activity.0)
+        .fetch_optional(&mut *tx)
+        .await?;
         let done: Option<(u64,)> = sqlx::query_as(
             "SELECT id FROM stock_journal WHERE activity_id = ? AND kind = 'transfer' AND reference = ? LIMIT 1",
         )
@@ -641,7 +650,7 @@ impl Ledger for MysqlLedger {
     }
 
     async fn registry(&self, id: ActivityId) -> PortResult<Option<Registered>> {
-        let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity WHERE id = ?");
+        let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM {REGISTRY} WHERE id = ?");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id.0)
             .fetch_optional(&self.pool)
@@ -651,7 +660,7 @@ impl Ledger for MysqlLedger {
     }
 
     async fn registered(&self) -> PortResult<Vec<Registered>> {
-        let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity ORDER BY id");
+        let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM {REGISTRY} ORDER BY id");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .fetch_all(&self.pool)
             .await
@@ -674,11 +683,12 @@ impl Ledger for MysqlLedger {
             if changed == 0 {
                 return Ok(None);
             }
-            let (version, generation): (u64, u64) =
-                sqlx::query_as("SELECT intent_version, generation FROM activity WHERE id = ?")
-                    .bind(id.0)
-                    .fetch_one(&mut *tx)
-                    .await?;
+            let (version, generation): (u64, u64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT intent_version, generation FROM {REGISTRY} WHERE id = ?"
+            )))
+            .bind(id.0)
+            .fetch_one(&mut *tx)
+            .await?;
             commit(tx).await?;
             Ok(Some(Intent {
                 state,
@@ -693,7 +703,8 @@ impl Ledger for MysqlLedger {
         retrying("bump generation", || async {
             let mut tx = self.pool.begin().await?;
             let bumped = sqlx::query(
-                "UPDATE activity SET generation = generation + 1 WHERE id = ? AND generation = ?",
+                "UPDATE activity_generation SET generation = generation + 1 \
+                 WHERE activity_id = ? AND generation = ?",
             )
             .bind(id.0)
             .bind(from)
@@ -701,7 +712,7 @@ impl Ledger for MysqlLedger {
             .await?
             .rows_affected()
                 == 1;
-            let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activity WHERE id = ?");
+            let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM {REGISTRY} WHERE id = ?");
             let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(id.0)
                 .fetch_optional(&mut *tx)
