@@ -105,6 +105,15 @@ def main():
     procs = []
     try:
         run(seckill, prometheus, work, procs)
+    except SystemExit:
+        # What the processes said is the first thing to read when a check failed.
+        for name in sorted(os.listdir(work)):
+            if name.endswith(".log"):
+                with open(os.path.join(work, name), errors="replace") as f:
+                    lines = f.readlines()[-40:]
+                print(f"[prometheus] --- {name} (last {len(lines)} lines)", file=sys.stderr)
+                sys.stderr.writelines(lines)
+        raise
     finally:
         for p in procs:
             p.terminate()
