@@ -51,7 +51,8 @@ pub enum Bug {
     /// under its own fence first, as a gate script that ignored the fence would let it).
     RecoveryWithoutFence,
     /// The recovery's generation bump is an unconditional `generation + 1`: a runner stalled
-    /// before it past its lease bumps after its successor reopened the gates.
+    /// before it past its lease, or whose bump the network delivers late, bumps after its
+    /// successor reopened the gates (the ledger model drops the condition).
     UnfencedBump,
     /// The consumer ignores a failed rewind and polls on from where the failed batch left the
     /// source's position (its records are never applied; the next batch commits past them).

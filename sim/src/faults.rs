@@ -41,6 +41,12 @@ pub struct Knobs {
     /// Kafka: a consumer's rewind fails (the committed offsets cannot be read, or a partition's
     /// seek is refused): its position stays where its last poll left it.
     pub mq_rewind_fail: f64,
+    /// Redis, MySQL: the network holds a request back past its client's timeout and delivers
+    /// it later (the client heard "no reply"; the store runs it when it arrives).
+    pub redis_delivered_late: f64,
+    pub ledger_delivered_late: f64,
+    /// How late a held-back request arrives at least, past its client's timeout.
+    pub delivered_late_floor: Duration,
 }
 
 pub fn chance(p: f64) -> bool {
@@ -73,6 +79,8 @@ pub struct Faults {
     trace: Mutex<VecDeque<String>>,
     /// Transfers a rebalancer reported complete, not yet looked at by the checker.
     transfers_done: Mutex<Vec<TransferDone>>,
+    /// When the last request the network holds back reaches its store (since the start).
+    held_back_until: Mutex<Duration>,
 }
 
 /// A transfer a rebalancer reported complete: its ack must be in the source bucket's xfer hash.
@@ -114,7 +122,23 @@ impl Faults {
             clients_left: std::sync::atomic::AtomicUsize::new(0),
             trace: Mutex::default(),
             transfers_done: Mutex::default(),
+            held_back_until: Mutex::default(),
         }
+    }
+
+    /// A request is held back by the network for `late` from now.
+    pub fn held_back_for(&self, late: Duration) {
+        let until = self.elapsed() + late;
+        let mut u = self.held_back_until.lock().expect("faults");
+        *u = (*u).max(until);
+    }
+
+    /// How long until every request the network holds back reached its store (zero: none left).
+    pub fn held_back_left(&self) -> Duration {
+        self.held_back_until
+            .lock()
+            .expect("faults")
+            .saturating_sub(self.elapsed())
     }
 
     /// An interesting state happened ("sometimes" assertions, DESIGN §9): counted per run and

@@ -65,7 +65,8 @@ pub struct Timings {
     /// default is 200 ms; an operator shedding load sets seconds). Only the rebalancer's
     /// announcement makes moved units sellable sooner.
     pub sold_out_recheck_ms: u64,
-    /// How far a Redis replica lags its primary at most (a failover loses up to this much).
+    /// How far a Redis replica lags its primary at most (a failover loses up to this much): up
+    /// to 3 s, past the recovery's quiesce on many seeds.
     pub replica_lag_ms: u64,
 }
 
@@ -81,7 +82,7 @@ impl Timings {
             republish_after_ms: rng.gen_range(500..=2_500),
             pending_after_ms: rng.gen_range(1_000..=2_500),
             sold_out_recheck_ms: rng.gen_range(100..=3_000),
-            replica_lag_ms: rng.gen_range(10..=1_500),
+            replica_lag_ms: rng.gen_range(10..=3_000),
         }
     }
 
@@ -105,7 +106,7 @@ pub async fn engine_main(p: EngineParams) {
     let ep = Arc::new(Endpoint::bind(p.addr).await.expect("bind engine"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone(), p.faults.clone()));
     let bus = SimBus::new(ep.clone());
-    let ledger = SimLedger::new(ep.clone());
+    let ledger = SimLedger::new(ep.clone(), p.faults.clone());
     let clock = Clock::new(p.wall_ms, tokio::time::Instant::now());
     let mut rng = rand::rngs::StdRng::seed_from_u64(thread_rng().gen());
     let role = Arc::new(roles::api_role(
@@ -188,7 +189,7 @@ pub async fn engine_main(p: EngineParams) {
 pub async fn jobs_main(addr: SocketAddr, index: usize, timings: Timings, faults: Arc<crate::faults::Faults>) {
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind jobs"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone(), faults.clone()));
-    let ledger = SimLedger::new(ep.clone());
+    let ledger = SimLedger::new(ep.clone(), faults.clone());
     let bus = SimBus::new(ep);
     let clock = Clock::new(faults.wall_ms(0), tokio::time::Instant::now());
     let config = JobsConfig {
@@ -315,7 +316,7 @@ pub async fn consumer_main(addr: SocketAddr, index: u32, batch: usize, faults: A
     let ep = Arc::new(Endpoint::bind(addr).await.expect("bind consumer"));
     let cache = ScriptedStockCache::new(SimRedis::new(ep.clone(), faults.clone()));
     let bus = SimBus::new(ep.clone());
-    let mut consumer = roles::worker_role(cache, &bus, SimLedger::new(ep), GROUP, batch)
+    let mut consumer = roles::worker_role(cache, &bus, SimLedger::new(ep, faults.clone()), GROUP, batch)
         .await
         .expect("static membership cannot fail");
     loop {

@@ -8,7 +8,7 @@
 use crate::faults::{chance, delay_up_to, Faults};
 use crate::rpc::{self, addr};
 use madsim::net::Endpoint;
-use madsim::rand::Rng;
+use madsim::rand::{thread_rng, Rng};
 use seckill_engine::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
 use seckill_engine::adapters::script::{Reply, ScriptConn};
 use seckill_engine::domain::{
@@ -36,11 +36,50 @@ pub const LATE_APPEND_MAX: Duration = Duration::from_millis(900);
 /// latest: past the recovery's quiesce (which is sized to the producer's timeout, not to
 /// `replica.lag.time.max.ms`), so no drain can be sure it saw every record.
 pub const VISIBLE_LATE_MAX: Duration = Duration::from_millis(8_000);
+/// A request the network holds back (TCP retransmitting across a partition that heals) reaches
+/// its store this long after its client gave up, at the latest: past a recovery claim's lease,
+/// so that a stalled runner's write can land after its successor finished.
+pub const DELIVERED_LATE_MAX: Duration = Duration::from_millis(8_000);
 /// How long an empty fetch waits before the consumer polls again.
 const POLL_WAIT: Duration = Duration::from_millis(20);
 
 fn lost(op: &'static str, e: io::Error) -> PortError {
     PortError::indeterminate(op, format!("no reply: {e}"))
+}
+
+/// With the chance `p`, the network holds `req` back: its client hears
+/// nothing until its timeout (the error returned), and the store gets the request later, drawn
+/// up to `DELIVERED_LATE_MAX` past that, and runs it as if it had just been sent. `Ok(req)`: the
+/// request goes out as usual (the `delivered_late_floor` knob adds to the delay).
+async fn held_back<R: madsim::net::rpc::Request>(
+    ep: &Arc<Endpoint>,
+    faults: &Faults,
+    p: f64,
+    store: &'static str,
+    req: R,
+    timeout: Duration,
+) -> Result<R, io::Error> {
+    if !chance(p) {
+        return Ok(req);
+    }
+    let late = timeout
+        + faults.knobs().delivered_late_floor
+        + Duration::from_micros(thread_rng().gen_range(0..=DELIVERED_LATE_MAX.as_micros() as u64));
+    faults.fired(match store {
+        rpc::REDIS => "redis_delivered_late",
+        _ => "mysql_delivered_late",
+    });
+    faults.held_back_for(late);
+    let ep = ep.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(late).await;
+        let _ = ep.call_timeout(addr(store), req, timeout).await;
+    });
+    tokio::time::sleep(timeout).await;
+    Err(io::Error::new(
+        io::ErrorKind::TimedOut,
+        "held back by the network",
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -388,6 +427,16 @@ impl ScriptConn for SimRedis {
             args: args.to_vec(),
             resent: false,
         };
+        let req = held_back(
+            &self.ep,
+            &self.faults,
+            self.faults.knobs().redis_delivered_late,
+            rpc::REDIS,
+            req,
+            REDIS_TIMEOUT,
+        )
+        .await
+        .map_err(|e| lost("redis", e))?;
         if chance(self.faults.knobs().redis_resend) {
             // The script ran and its reply was lost with the connection; the client reconnects
             // and sends it again (redis-rs's cluster client does, `retries(n)`): the caller hears
@@ -589,8 +638,10 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
         let (l, f, log) = (l.clone(), f.clone(), g.clone());
         async move {
             let out = l.bump_generation(req.id, req.from).await;
-            if matches!(out, Ok(Some(_))) {
-                log.bumps.lock().expect("ledger log").push(f.elapsed());
+            match out {
+                Ok(Some(_)) => log.bumps.lock().expect("ledger log").push(f.elapsed()),
+                Ok(None) => f.cover("bump_fenced"),
+                Err(_) => {}
             }
             out
         }
@@ -612,11 +663,25 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
 #[derive(Clone)]
 pub struct SimLedger {
     ep: Arc<Endpoint>,
+    faults: Arc<Faults>,
 }
 
 impl SimLedger {
-    pub fn new(ep: Arc<Endpoint>) -> Self {
-        SimLedger { ep }
+    pub fn new(ep: Arc<Endpoint>, faults: Arc<Faults>) -> Self {
+        SimLedger { ep, faults }
+    }
+
+    /// A write: the network may hold it back (`held_back`; a read held back changes nothing).
+    async fn write<R: madsim::net::rpc::Request<Response = PortResult<T>>, T>(
+        &self,
+        op: &'static str,
+        req: R,
+    ) -> PortResult<T> {
+        let p = self.faults.knobs().ledger_delivered_late;
+        let req = held_back(&self.ep, &self.faults, p, rpc::MYSQL, req, STORE_TIMEOUT)
+            .await
+            .map_err(|e| lost(op, e))?;
+        self.call(op, req).await
     }
 
     async fn call<R: madsim::net::rpc::Request<Response = PortResult<T>>, T>(
@@ -633,17 +698,17 @@ impl SimLedger {
 
 impl Ledger for SimLedger {
     async fn cancel_unpaid(&self, activity: ActivityId, now_ms: u64) -> PortResult<Vec<Reservation>> {
-        self.call("cancel unpaid", rpc::CancelUnpaid { activity, now_ms })
+        self.write("cancel unpaid", rpc::CancelUnpaid { activity, now_ms })
             .await
     }
 
     async fn install(&self, activity: &Activity, _plan: &StockPlan) -> PortResult<bool> {
         let spec = activity.spec().clone();
-        self.call("install", rpc::Install { spec }).await
+        self.write("install", rpc::Install { spec }).await
     }
 
     async fn apply(&self, batch: &[Reservation]) -> PortResult<Vec<ApplyOutcome>> {
-        self.call(
+        self.write(
             "apply",
             rpc::Apply {
                 batch: batch.to_vec(),
@@ -654,7 +719,7 @@ impl Ledger for SimLedger {
 
     async fn pay(&self, id: ReservationId, payment: &str) -> PortResult<PayOutcome> {
         let payment = payment.to_string();
-        self.call("pay", rpc::Pay { id, payment }).await
+        self.write("pay", rpc::Pay { id, payment }).await
     }
 
     async fn order(&self, id: ReservationId) -> PortResult<Option<seckill_engine::ports::OrderRow>> {
@@ -662,7 +727,7 @@ impl Ledger for SimLedger {
     }
 
     async fn cancel(&self, id: ReservationId) -> PortResult<seckill_engine::ports::CancelOutcome> {
-        self.call("cancel", rpc::CancelOrder { id }).await
+        self.write("cancel", rpc::CancelOrder { id }).await
     }
 
     async fn activity(&self, id: ActivityId) -> PortResult<Option<Activity>> {
@@ -676,7 +741,7 @@ impl Ledger for SimLedger {
             activity,
             transfer: t.clone(),
         };
-        self.call("transfer", req).await
+        self.write("transfer", req).await
     }
 
     async fn order_of(&self, activity: ActivityId, user: UserId) -> PortResult<Option<OrderRow>> {
@@ -706,11 +771,11 @@ impl Ledger for SimLedger {
     }
 
     async fn set_intent(&self, id: ActivityId, state: ActivityState) -> PortResult<Option<Intent>> {
-        self.call("set intent", rpc::SetIntent { id, state }).await
+        self.write("set intent", rpc::SetIntent { id, state }).await
     }
 
     async fn bump_generation(&self, id: ActivityId, from: u64) -> PortResult<Option<Intent>> {
-        self.call("bump generation", rpc::BumpGeneration { id, from })
+        self.write("bump generation", rpc::BumpGeneration { id, from })
             .await
     }
 }

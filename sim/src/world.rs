@@ -156,6 +156,14 @@ pub enum Fault {
     /// (as redis-rs's cluster client does): every script must answer its re-run what its first
     /// run did.
     RedisResend,
+    /// The network holds requests to Redis and MySQL back past their clients' timeouts and
+    /// delivers them seconds later (TCP retransmitting across a partition that heals): the
+    /// client heard nothing, the store runs what it was sent — a runner's bump after its
+    /// successor recovered, a reserve after its buyer was told "unavailable".
+    DeliveredLate,
+    /// Requests to the ledger delivered late (`DeliveredLate`) while the next recovery runs:
+    /// its own writes land after it gave up on them, maybe after another runner took it over.
+    DeliveredLateInRecovery,
 }
 
 /// A knob's probability while its window is open, else 0.
@@ -167,6 +175,12 @@ fn lose_after_ack(k: &mut crate::faults::Knobs, on: bool) {
 /// The knob of a window in which Redis scripts are re-sent (one in five).
 fn redis_resend(k: &mut crate::faults::Knobs, on: bool) {
     k.redis_resend = prob(0.2, on);
+}
+
+/// The knobs of a window in which requests to Redis and MySQL are delivered late (one in ten).
+fn delivered_late(k: &mut crate::faults::Knobs, on: bool) {
+    k.redis_delivered_late = prob(0.1, on);
+    k.ledger_delivered_late = prob(0.1, on);
 }
 
 /// The knob of a window in which records become visible past the quiesce (three in ten).
@@ -261,6 +275,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::MqRewindFail,
     Fault::MqVisibleLate,
     Fault::RedisResend,
+    Fault::DeliveredLate,
 ];
 
 /// Which checks a run holds the engine to.
@@ -324,6 +339,7 @@ impl Scenario {
                 Fault::MqAckLost,
                 Fault::MqVisibleLate,
                 Fault::RedisResend,
+                Fault::DeliveredLate,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
@@ -675,6 +691,19 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
+    // A runner's bump that reached the ledger after another runner's (delivered late, or sent
+    // by a runner that stalled past its lease): the compare-and-set refuses it.
+    (
+        "bump_fenced",
+        &[Scenario::Chaos, Scenario::CompetingRecoveries],
+        200,
+    ),
+    // A failover to a replica further behind than the recovery's quiesce.
+    (
+        "failover_past_quiesce",
+        &[Scenario::RedisLoss, Scenario::Chaos],
+        100,
+    ),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -805,6 +834,23 @@ impl GodView {
         let Some(registered) = self.ledger.registry(ACTIVITY).await.expect("in-process") else {
             return Vec::new();
         };
+        // A Redis back with an image older than the last recovery (a failover to a replica
+        // further behind than that recovery took) holds the gates as they were before it closed
+        // them, open at the generation it bumped away from. Until the detection sees the loss
+        // (the meta's epoch is not the server's run id) and closes them, the API nodes refuse
+        // their reservations by generation, and the ledger any that got through; S6 holds
+        // again from the recovery that follows.
+        let epoch = self.cache.epoch().await.expect("in-process");
+        if self
+            .cache
+            .meta(ACTIVITY)
+            .await
+            .expect("in-process")
+            .and_then(|m| m.epoch)
+            != Some(epoch)
+        {
+            return Vec::new();
+        }
         let gates: Vec<inv::GateState> = self.redis.read(|ks| {
             self.plan
                 .all_buckets()
@@ -1532,13 +1578,19 @@ impl World {
         let claims = self.claims.lock().expect("claims").clone();
         let visible_late = self.kafka.visible_late.lock().expect("kafka").clone();
         let lost = self.redis.lost_outbox.lock().expect("lost outbox").clone();
+        let lost_on_bus = self.kafka.lost_after_ack.lock().expect("kafka").clone();
         let history = self.history.lock().expect("history");
         let mut out = Vec::new();
         for (refused_at, rid) in stale {
             let Some(queued_at) = history.queued_at.get(&rid.to_string()).copied() else {
                 continue; // nobody was told "queued" for it
             };
-            if visible_late.contains_key(&rid.to_string()) && lost.contains_key(&rid.to_string()) {
+            // Redis lost its outbox entry, and its record reached the ledger only after the
+            // drain (visible late) or not at all (lost after its ack, leaving a rescue's apply
+            // the network held back as its one copy): nothing was left for the recovery to
+            // wait for.
+            let id = rid.to_string();
+            if lost.contains_key(&id) && (visible_late.contains_key(&id) || lost_on_bus.contains(&id)) {
                 continue;
             }
             let Some(bump) = bumps.iter().rev().find(|b| **b <= refused_at) else {
@@ -1923,6 +1975,7 @@ impl World {
                     (0, Fault::MqLoseInRecovery, 0),
                     (0, Fault::MqLateInRecovery, 0),
                     (0, Fault::RedisResendInRecovery, 0),
+                    (0, Fault::DeliveredLateInRecovery, 0),
                 ]
             }
             // The pause ends after the recovery bumped the generation (its publish window, and
@@ -1933,6 +1986,7 @@ impl World {
                 vec![
                     (ms(50..300), Fault::EnginePause, quiesce + ms(400..1_000)),
                     (ms(0..50), Fault::RedisRestartVolatile, 0),
+                    (0, Fault::DeliveredLateInRecovery, 0),
                 ]
             }
             _ => Vec::new(),
@@ -2038,6 +2092,9 @@ impl World {
                 // The replica holds what the primary held `lag` ago; the primary goes on taking
                 // writes until it dies.
                 let lag = thread_rng().gen_range(0..=self.timings.replica_lag_ms);
+                if lag > self.timings.recovery().quiesce.as_millis() as u64 {
+                    f.cover("failover_past_quiesce");
+                }
                 let (image, taken_at) = (self.redis.model.dump(), f.elapsed());
                 tokio::time::sleep(Duration::from_millis(lag)).await;
                 f.event(format!("redis fails over to a replica {lag} ms behind"));
@@ -2103,6 +2160,17 @@ impl World {
             Fault::FullLossRestart => self.full_loss_restart().await,
             Fault::MqLoseInRecovery => self.window_in_recovery("mq_lose_after_ack", lose_after_ack),
             Fault::MqLateInRecovery => self.window_in_recovery("mq_visible_late", visible_late),
+            // The ledger's writes (a runner's bump among the few a recovery sends), 2 s late at
+            // least (past many a claim's lease: after a successor's bump, as often as not), for
+            // two leases at most: each one held back fails the recovery's attempt.
+            Fault::DeliveredLateInRecovery => self.window_in_recovery_for(
+                "ledger_delivered_late",
+                |k, on| {
+                    k.ledger_delivered_late = prob(0.3, on);
+                    k.delivered_late_floor = delay(2_000, on);
+                },
+                Some(2 * self.timings.recovery().lease),
+            ),
             // Every other script: a recovery that fails at each re-sent step its first run already
             // took (a reopen, a finish) never finishes.
             Fault::RedisResendInRecovery => {
@@ -2195,6 +2263,7 @@ impl World {
                     Fault::MqAckLost => ("mq_ack_lost", |k, on| k.mq_ack_lost = prob(0.3, on)),
                     Fault::MqVisibleLate => ("mq_visible_late", visible_late),
                     Fault::RedisResend => ("redis_resend", redis_resend),
+                    Fault::DeliveredLate => ("delivered_late", delivered_late),
                     Fault::MqLoseAfterAck => ("mq_lose_after_ack", lose_after_ack),
                     Fault::RedisLatency => ("redis_latency", |k, on| k.redis_latency = delay(60, on)),
                     Fault::MqRewindFail => ("mq_rewind_fail", |k, on| k.mq_rewind_fail = prob(0.7, on)),
@@ -2219,6 +2288,17 @@ impl World {
     /// A knob window open for as long as the next recovery runs (from its claim until it finished),
     /// outlasting the heal (which turns every knob off), as the recovery does.
     fn window_in_recovery(self: &Arc<Self>, name: &'static str, turn: fn(&mut crate::faults::Knobs, bool)) {
+        self.window_in_recovery_for(name, turn, None)
+    }
+
+    /// `window_in_recovery`, closed after `limit` at the latest: for a fault that fails the
+    /// recovery's steps, which it would otherwise hold open for good.
+    fn window_in_recovery_for(
+        self: &Arc<Self>,
+        name: &'static str,
+        turn: fn(&mut crate::faults::Knobs, bool),
+        limit: Option<Duration>,
+    ) {
         let w = self.clone();
         let task = tokio::spawn(async move {
             while w.raw_claim().is_none() {
@@ -2226,7 +2306,8 @@ impl World {
             }
             w.faults.event(format!("window {name} while a recovery runs"));
             w.faults.open_window(name, turn);
-            while w.raw_claim().is_some() {
+            let until = limit.map(|l| w.faults.elapsed() + l);
+            while w.raw_claim().is_some() && until.is_none_or(|u| w.faults.elapsed() < u) {
                 if !w.faults.window_open(name) {
                     w.faults.open_window(name, turn);
                 }
@@ -2509,6 +2590,13 @@ impl World {
         let stalled = planted::stalled();
         if stalled > 0 {
             return format!("{stalled} processes asleep at a fault point");
+        }
+        let held = self.faults.held_back_left();
+        if !held.is_zero() {
+            return format!(
+                "a request held back by the network lands in {} ms",
+                held.as_millis()
+            );
         }
         let lag = self.kafka.lag(GROUP);
         if lag > 0 {

@@ -536,13 +536,6 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         crate::planted::stall_once_past(3, 1, floor, floor + Duration::from_secs(5)).await;
     }
     // Step 6: from here the ledger refuses orders reserved before the loss.
-    #[cfg(madsim)]
-    let from = match crate::planted::on(crate::planted::Bug::UnfencedBump) {
-        // Planted: whatever the registry holds now is bumped, as an unconditional UPDATE would.
-        true => registered(ledger, plan).await?.intent.generation,
-        false => registry.intent.generation,
-    };
-    #[cfg(not(madsim))]
     let from = registry.intent.generation;
     let Some(intent) = ledger.bump_generation(plan.activity, from).await? else {
         return Err(PortError::determinate(

@@ -82,9 +82,13 @@ async fn the_simulated_ledger_conforms() {
             )
         })
         .build();
-    on_client(
-        |ep| async move { ledger_conformance(|| std::future::ready(SimLedger::new(ep.clone())), 1).await },
-    )
+    on_client(|ep| async move {
+        ledger_conformance(
+            || std::future::ready(SimLedger::new(ep.clone(), Arc::new(Faults::new()))),
+            1,
+        )
+        .await
+    })
     .await;
 }
 

@@ -328,6 +328,13 @@ impl Ledger for EmbeddedLedger {
         let r = st.activities.get_mut(&id).ok_or_else(|| {
             PortError::determinate("bump generation", format!("activity {id} is not installed"))
         })?;
+        // Planted: the UPDATE without its condition, bumping whatever the registry holds when
+        // it arrives (a runner's bump delivered after another runner's moves it past the gates).
+        #[cfg(madsim)]
+        let from = match crate::planted::on(crate::planted::Bug::UnfencedBump) {
+            true => r.intent.generation,
+            false => from,
+        };
         if r.intent.generation != from {
             return Ok(None);
         }
