@@ -38,6 +38,9 @@ pub struct Knobs {
     pub ledger_commit_unknown: f64,
     /// MySQL: the connection drops before the statement runs (the client times out).
     pub ledger_conn_loss: f64,
+    /// MySQL: a batch's client goes silent inside its transaction, holding its shared lock on
+    /// the generation until the server's idle timeout rolls it back.
+    pub ledger_stalled_txn: f64,
     /// Kafka: a consumer's rewind fails (the committed offsets cannot be read, or a partition's
     /// seek is refused): its position stays where its last poll left it.
     pub mq_rewind_fail: f64,

@@ -491,8 +491,20 @@ pub struct LedgerLog {
     pub opens: Mutex<Vec<(Duration, u64)>>,
 }
 
+/// How long MariaDB keeps a transaction whose client went silent (`idle_transaction_timeout`,
+/// as the adapter sets it per connection), and how long a statement waits for a row lock
+/// (`innodb_lock_wait_timeout`).
+const IDLE_TRANSACTION: Duration = Duration::from_secs(3);
+const LOCK_WAIT: Duration = Duration::from_secs(3);
+
+/// The generation's row lock (the simulation runs one activity): every batch and transfer holds
+/// it shared to COMMIT, the bump exclusive. The model applies each call atomically; this is what
+/// makes a batch whose client stalled mid-transaction hold a recovery's bump back.
+type GenerationLock = Arc<tokio::sync::RwLock<()>>;
+
 pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<LedgerLog>) {
     let ep = Endpoint::bind(addr(rpc::MYSQL)).await.expect("bind mysql");
+    let generation_lock = GenerationLock::default();
     let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::Install| {
         let l = l.clone();
@@ -503,13 +515,23 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
         }
     });
     let (l, f, g) = (ledger.clone(), faults.clone(), log.clone());
+    let gl = generation_lock.clone();
     rpc::serve(&ep, move |req: rpc::Apply| {
-        let (l, f, log) = (l.clone(), f.clone(), g.clone());
+        let (l, f, log, gl) = (l.clone(), f.clone(), g.clone(), gl.clone());
         async move {
             let knobs = f.knobs();
             if chance(knobs.ledger_conn_loss) {
                 f.fired("ledger_conn_loss");
                 tokio::time::sleep(Duration::from_secs(30)).await; // the client gives up first
+                return Err(PortError::indeterminate("apply", "connection lost"));
+            }
+            let _held = gl.read().await;
+            if chance(knobs.ledger_stalled_txn) {
+                // The worker went silent inside the batch's transaction, its shared lock on the
+                // generation taken: the server rolls it back when its idle timeout runs out.
+                f.fired("ledger_stalled_txn");
+                let idle = thread_rng().gen_range(IDLE_TRANSACTION / 6..=IDLE_TRANSACTION);
+                tokio::time::sleep(idle).await;
                 return Err(PortError::indeterminate("apply", "connection lost"));
             }
             if chance(knobs.ledger_lock_wait) {
@@ -587,9 +609,13 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
         async move { l.activity(req.id).await.map(|a| a.map(|a| a.spec().clone())) }
     });
     let l = ledger.clone();
+    let gl = generation_lock.clone();
     rpc::serve(&ep, move |req: rpc::LedgerTransfer| {
-        let l = l.clone();
-        async move { l.transfer(req.activity, &req.transfer).await }
+        let (l, gl) = (l.clone(), gl.clone());
+        async move {
+            let _held = gl.read().await;
+            l.transfer(req.activity, &req.transfer).await
+        }
     });
     let l = ledger.clone();
     rpc::serve(&ep, move |req: rpc::Pay| {
@@ -635,8 +661,25 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
     let l = ledger.clone();
     let (f, g) = (faults.clone(), log.clone());
     rpc::serve(&ep, move |req: rpc::BumpGeneration| {
-        let (l, f, log) = (l.clone(), f.clone(), g.clone());
+        let (l, f, log, gl) = (l.clone(), f.clone(), g.clone(), generation_lock.clone());
         async move {
+            // The bump waits for every batch holding the generation, a stalled one until the
+            // server rolls it back (its client gave up long before).
+            let _held = match gl.try_write() {
+                Ok(held) => held,
+                Err(_) => match tokio::time::timeout(LOCK_WAIT, gl.write()).await {
+                    Ok(held) => {
+                        f.cover("bump_waited_for_a_batch");
+                        held
+                    }
+                    Err(_) => {
+                        return Err(PortError::determinate(
+                            "bump generation",
+                            "Lock wait timeout exceeded; try restarting transaction",
+                        ))
+                    }
+                },
+            };
             let out = l.bump_generation(req.id, req.from).await;
             match out {
                 Ok(Some(_)) => log.bumps.lock().expect("ledger log").push(f.elapsed()),

@@ -161,6 +161,12 @@ pub enum Fault {
     /// client heard nothing, the store runs what it was sent — a runner's bump after its
     /// successor recovered, a reserve after its buyer was told "unavailable".
     DeliveredLate,
+    /// A worker goes silent inside a batch's transaction, holding the generation's row lock
+    /// until the server's idle timeout rolls it back: a recovery's bump waits for it.
+    LedgerStalledTxn,
+    /// Batches stall inside their transactions (`LedgerStalledTxn`, one in five) while the next
+    /// recovery runs: a batch of a record that became visible after the drain holds its bump.
+    LedgerStalledInRecovery,
     /// Requests to the ledger delivered late (`DeliveredLate`) while the next recovery runs:
     /// its own writes land after it gave up on them, maybe after another runner took it over.
     DeliveredLateInRecovery,
@@ -228,6 +234,7 @@ const CONSUMER_FAULTS: &[Fault] = &[
     Fault::LedgerCommitUnknown,
     Fault::LedgerCommitUnknown,
     Fault::LedgerConnLoss,
+    Fault::LedgerStalledTxn,
     Fault::MqDuplicate,
     Fault::MqDelay,
     Fault::MqRewindFail,
@@ -276,6 +283,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::MqVisibleLate,
     Fault::RedisResend,
     Fault::DeliveredLate,
+    Fault::LedgerStalledTxn,
 ];
 
 /// Which checks a run holds the engine to.
@@ -340,6 +348,7 @@ impl Scenario {
                 Fault::MqVisibleLate,
                 Fault::RedisResend,
                 Fault::DeliveredLate,
+                Fault::LedgerStalledTxn,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
@@ -695,6 +704,12 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
     // by a runner that stalled past its lease): the compare-and-set refuses it.
     (
         "bump_fenced",
+        &[Scenario::Chaos, Scenario::CompetingRecoveries],
+        200,
+    ),
+    // A recovery's bump that waited for a batch holding the generation (`LedgerStalledTxn`).
+    (
+        "bump_waited_for_a_batch",
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
@@ -1976,6 +1991,7 @@ impl World {
                     (0, Fault::MqLateInRecovery, 0),
                     (0, Fault::RedisResendInRecovery, 0),
                     (0, Fault::DeliveredLateInRecovery, 0),
+                    (0, Fault::LedgerStalledInRecovery, 0),
                 ]
             }
             // The pause ends after the recovery bumped the generation (its publish window, and
@@ -1987,6 +2003,7 @@ impl World {
                     (ms(50..300), Fault::EnginePause, quiesce + ms(400..1_000)),
                     (ms(0..50), Fault::RedisRestartVolatile, 0),
                     (0, Fault::DeliveredLateInRecovery, 0),
+                    (0, Fault::LedgerStalledInRecovery, 0),
                 ]
             }
             _ => Vec::new(),
@@ -2160,6 +2177,9 @@ impl World {
             Fault::FullLossRestart => self.full_loss_restart().await,
             Fault::MqLoseInRecovery => self.window_in_recovery("mq_lose_after_ack", lose_after_ack),
             Fault::MqLateInRecovery => self.window_in_recovery("mq_visible_late", visible_late),
+            Fault::LedgerStalledInRecovery => {
+                self.window_in_recovery("ledger_stalled_txn", |k, on| k.ledger_stalled_txn = prob(0.2, on))
+            }
             // The ledger's writes (a runner's bump among the few a recovery sends), 2 s late at
             // least (past many a claim's lease: after a successor's bump, as often as not), for
             // two leases at most: each one held back fails the recovery's attempt.
@@ -2257,6 +2277,9 @@ impl World {
                         k.ledger_commit_unknown = prob(0.3, on)
                     }),
                     Fault::LedgerConnLoss => ("ledger_conn_loss", |k, on| k.ledger_conn_loss = prob(0.2, on)),
+                    Fault::LedgerStalledTxn => {
+                        ("ledger_stalled_txn", |k, on| k.ledger_stalled_txn = prob(0.1, on))
+                    }
                     Fault::MqDuplicate => ("mq_duplicate", |k, on| k.mq_duplicate = prob(0.3, on)),
                     Fault::MqDelay => ("mq_delay", |k, on| k.mq_delay = delay(80, on)),
                     Fault::MqRefuse => ("mq_refuse", |k, on| k.mq_refuse = prob(0.5, on)),
