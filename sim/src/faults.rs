@@ -34,6 +34,9 @@ pub struct Knobs {
     pub redis_slow_script: f64,
     /// MySQL: the transaction fails with a lock-wait timeout (determinate: rolled back).
     pub ledger_lock_wait: f64,
+    /// MySQL: any write transaction is rolled back as a deadlock victim, every one of the
+    /// adapter's attempts (determinate: nothing of it happened).
+    pub ledger_deadlock: f64,
     /// MySQL: the commit happens but the client sees an error (indeterminate).
     pub ledger_commit_unknown: f64,
     /// MySQL: the connection drops before the statement runs (the client times out).

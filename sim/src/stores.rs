@@ -702,6 +702,18 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
     std::future::pending::<()>().await;
 }
 
+/// The coverage target of a write refused as a deadlock victim.
+fn deadlock_victim(op: &'static str) -> &'static str {
+    match op {
+        "apply" => "deadlock_victim_apply",
+        "transfer" => "deadlock_victim_transfer",
+        "cancel unpaid" => "deadlock_victim_cancel_unpaid",
+        "bump generation" => "deadlock_victim_bump",
+        "set intent" => "deadlock_victim_set_intent",
+        _ => "deadlock_victim_other",
+    }
+}
+
 /// `Ledger` over the network to the MySQL node.
 #[derive(Clone)]
 pub struct SimLedger {
@@ -714,13 +726,26 @@ impl SimLedger {
         SimLedger { ep, faults }
     }
 
-    /// A write: the network may hold it back (`held_back`; a read held back changes nothing).
+    /// A write: the server may roll it back as a deadlock victim (InnoDB picks one of two
+    /// transactions that wait for each other's locks; the adapter runs a victim again from
+    /// BEGIN, and this is every attempt refused), and the network may hold it back (`held_back`;
+    /// a read held back changes nothing).
     async fn write<R: madsim::net::rpc::Request<Response = PortResult<T>>, T>(
         &self,
         op: &'static str,
         req: R,
     ) -> PortResult<T> {
-        let p = self.faults.knobs().ledger_delivered_late;
+        let knobs = self.faults.knobs();
+        if chance(knobs.ledger_deadlock) {
+            self.faults.fired("ledger_deadlock");
+            self.faults.cover(deadlock_victim(op));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return Err(PortError::determinate(
+                op,
+                "Deadlock found when trying to get lock; try restarting transaction",
+            ));
+        }
+        let p = knobs.ledger_delivered_late;
         let req = held_back(&self.ep, &self.faults, p, rpc::MYSQL, req, STORE_TIMEOUT)
             .await
             .map_err(|e| lost(op, e))?;

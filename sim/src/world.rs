@@ -161,6 +161,10 @@ pub enum Fault {
     /// client heard nothing, the store runs what it was sent — a runner's bump after its
     /// successor recovered, a reserve after its buyer was told "unavailable".
     DeliveredLate,
+    /// Ledger transactions are rolled back as deadlock victims, every attempt of them
+    /// (determinate): a batch, a transfer, a payment timeout's cancels, an operator's intent
+    /// write, a recovery's bump each fail whole and must be run again by their caller.
+    LedgerDeadlock,
     /// A worker goes silent inside a batch's transaction, holding the generation's row lock
     /// until the server's idle timeout rolls it back: a recovery's bump waits for it.
     LedgerStalledTxn,
@@ -170,6 +174,10 @@ pub enum Fault {
     /// Requests to the ledger delivered late (`DeliveredLate`) while the next recovery runs:
     /// its own writes land after it gave up on them, maybe after another runner took it over.
     DeliveredLateInRecovery,
+    /// Ledger transactions rolled back as deadlock victims (`LedgerDeadlock`, three in ten)
+    /// while the next recovery runs, for two leases at most: its rescue, its bump and the
+    /// batches around them fail whole and run again.
+    DeadlockInRecovery,
 }
 
 /// A knob's probability while its window is open, else 0.
@@ -235,6 +243,7 @@ const CONSUMER_FAULTS: &[Fault] = &[
     Fault::LedgerCommitUnknown,
     Fault::LedgerConnLoss,
     Fault::LedgerStalledTxn,
+    Fault::LedgerDeadlock,
     Fault::MqDuplicate,
     Fault::MqDelay,
     Fault::MqRewindFail,
@@ -284,6 +293,7 @@ const ALL_FAULTS: &[Fault] = &[
     Fault::RedisResend,
     Fault::DeliveredLate,
     Fault::LedgerStalledTxn,
+    Fault::LedgerDeadlock,
 ];
 
 /// Which checks a run holds the engine to.
@@ -320,7 +330,12 @@ impl Scenario {
             ],
             Scenario::Chaos => ALL_FAULTS,
             Scenario::Skewed => &[Fault::JobsCrash],
-            Scenario::Rebalancing => &[Fault::JobsCrash, Fault::RedisSlowScript, Fault::RedisLatency],
+            Scenario::Rebalancing => &[
+                Fault::JobsCrash,
+                Fault::RedisSlowScript,
+                Fault::RedisLatency,
+                Fault::LedgerDeadlock,
+            ],
             Scenario::LostRecords => &[Fault::MqLoseAfterAck, Fault::MqAckLost],
             Scenario::Operator => &[
                 Fault::OperatorPause,
@@ -332,6 +347,7 @@ impl Scenario {
                 Fault::EngineCrash,
                 Fault::JobsCrash,
                 Fault::RedisRestartVolatile,
+                Fault::LedgerDeadlock,
             ],
             Scenario::FullLossRestart => &[Fault::FullLossRestart, Fault::EnginePause, Fault::MqAckLost],
             // Records lost after their ack weigh triple: what a recovery must rescue from the
@@ -349,6 +365,7 @@ impl Scenario {
                 Fault::RedisResend,
                 Fault::DeliveredLate,
                 Fault::LedgerStalledTxn,
+                Fault::LedgerDeadlock,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
                 Fault::MqLoseAfterAck,
@@ -713,6 +730,22 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
+    // Ledger transactions rolled back as deadlock victims (`LedgerDeadlock`: every attempt the
+    // adapter makes), which their callers must run again: a batch, a transfer, a payment
+    // timeout's cancels, an operator's intent write, a recovery's bump.
+    (
+        "deadlock_victim_apply",
+        &[Scenario::ConsumerFaults, Scenario::Rebalancing],
+        20,
+    ),
+    ("deadlock_victim_transfer", &[Scenario::Rebalancing], 20),
+    (
+        "deadlock_victim_cancel_unpaid",
+        &[Scenario::Rebalancing, Scenario::Operator],
+        20,
+    ),
+    ("deadlock_victim_set_intent", &[Scenario::Operator], 100),
+    ("deadlock_victim_bump", &[Scenario::CompetingRecoveries], 100),
     // A failover to a replica further behind than the recovery's quiesce.
     (
         "failover_past_quiesce",
@@ -1992,6 +2025,7 @@ impl World {
                     (0, Fault::RedisResendInRecovery, 0),
                     (0, Fault::DeliveredLateInRecovery, 0),
                     (0, Fault::LedgerStalledInRecovery, 0),
+                    (0, Fault::DeadlockInRecovery, 0),
                 ]
             }
             // The pause ends after the recovery bumped the generation (its publish window, and
@@ -2004,6 +2038,7 @@ impl World {
                     (ms(0..50), Fault::RedisRestartVolatile, 0),
                     (0, Fault::DeliveredLateInRecovery, 0),
                     (0, Fault::LedgerStalledInRecovery, 0),
+                    (0, Fault::DeadlockInRecovery, 0),
                 ]
             }
             _ => Vec::new(),
@@ -2191,6 +2226,11 @@ impl World {
                 },
                 Some(2 * self.timings.recovery().lease),
             ),
+            Fault::DeadlockInRecovery => self.window_in_recovery_for(
+                "ledger_deadlock",
+                |k, on| k.ledger_deadlock = prob(0.3, on),
+                Some(2 * self.timings.recovery().lease),
+            ),
             // Every other script: a recovery that fails at each re-sent step its first run already
             // took (a reopen, a finish) never finishes.
             Fault::RedisResendInRecovery => {
@@ -2273,6 +2313,7 @@ impl World {
                 type Turn = fn(&mut crate::faults::Knobs, bool);
                 let (name, turn): (&'static str, Turn) = match knob {
                     Fault::LedgerLockWait => ("ledger_lock_wait", |k, on| k.ledger_lock_wait = prob(0.3, on)),
+                    Fault::LedgerDeadlock => ("ledger_deadlock", |k, on| k.ledger_deadlock = prob(0.3, on)),
                     Fault::LedgerCommitUnknown => ("ledger_commit_unknown", |k, on| {
                         k.ledger_commit_unknown = prob(0.3, on)
                     }),
