@@ -348,9 +348,9 @@ impl From<sqlx::Error> for TxError {
 
 type TxResult<T> = Result<T, TxError>;
 
-/// Attempts per transaction: InnoDB resolves a deadlock by rolling one transaction back (the
-/// consumer's batch and the rebalancer's transfer lock bucket rows in different orders), and the
-/// victim is expected to run again.
+/// Attempts per transaction: InnoDB resolves a deadlock by rolling one transaction back (bucket
+/// rows are taken in one order, `lock_buckets`, but order rows and the generation still meet in
+/// others), and the victim is expected to run again.
 const TX_ATTEMPTS: u32 = 4;
 
 /// The server's error number, if the error is the server's.
@@ -395,6 +395,32 @@ async fn commit(tx: Transaction<'static, MySql>) -> TxResult<()> {
     tx.commit().await.map_err(TxError::Commit)
 }
 
+/// Lock the bucket rows of `activity` a transaction is about to write, in ascending order,
+/// before it writes any: batches, transfers and payment timeouts each write several buckets in
+/// an order of their own (a batch's, a transfer's direction), and two that take the same rows in
+/// opposite orders deadlock — in a busy sale on every attempt (seen on MariaDB: a transfer and a
+/// batch, four victims in a row). One row has no order to get wrong.
+async fn lock_buckets(
+    tx: &mut Transaction<'static, MySql>,
+    activity: ActivityId,
+    buckets: &BTreeSet<BucketNo>,
+) -> Result<(), sqlx::Error> {
+    if buckets.len() < 2 {
+        return Ok(());
+    }
+    let marks = vec!["?"; buckets.len()].join(", ");
+    let sql = format!(
+        "SELECT bucket_no FROM stock_bucket WHERE activity_id = ? AND bucket_no IN ({marks}) \
+         ORDER BY bucket_no FOR UPDATE"
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(activity.0);
+    for b in buckets {
+        q = q.bind(b.0);
+    }
+    q.fetch_all(&mut **tx).await?;
+    Ok(())
+}
+
 impl MysqlLedger {
     async fn cancel_unpaid_once(&self, activity: ActivityId, now_ms: u64) -> TxResult<Vec<Reservation>> {
         let mut tx = self.pool.begin().await?;
@@ -419,14 +445,17 @@ impl MysqlLedger {
             .bind(cutoff)
             .fetch_all(&mut *tx)
             .await?;
-        let mut cancelled = Vec::with_capacity(due.len());
-        for row in &due {
-            let r = order_of_row(row).map_err(TxError::Refused)?.reservation;
-            Self::cancel_row(&mut tx, &r).await?;
-            cancelled.push(r);
+        let due = due
+            .iter()
+            .map(|row| order_of_row(row).map(|o| o.reservation))
+            .collect::<PortResult<Vec<_>>>()
+            .map_err(TxError::Refused)?;
+        lock_buckets(&mut tx, activity, &due.iter().map(|r| r.bucket).collect()).await?;
+        for r in &due {
+            Self::cancel_row(&mut tx, r).await?;
         }
         commit(tx).await?;
-        Ok(cancelled)
+        Ok(due)
     }
 
     /// Cancel one created order inside `tx`: status, stock back to its bucket, journal row.
@@ -545,6 +574,21 @@ impl MysqlLedger {
 
     async fn apply_once(&self, batch: &[Reservation]) -> TxResult<Vec<ApplyOutcome>> {
         let mut tx = self.pool.begin().await?;
+        // Per activity, its generation (shared, as every order takes it) and then its buckets,
+        // in the order transfers take them.
+        let mut buckets: std::collections::BTreeMap<ActivityId, BTreeSet<BucketNo>> = Default::default();
+        for r in batch {
+            buckets.entry(r.activity).or_default().insert(r.bucket);
+        }
+        for (activity, buckets) in buckets.iter().filter(|(_, b)| b.len() > 1) {
+            sqlx::query(
+                "SELECT generation FROM activity_generation WHERE activity_id = ? LOCK IN SHARE MODE",
+            )
+            .bind(activity.0)
+            .fetch_optional(&mut *tx)
+            .await?;
+            lock_buckets(&mut tx, *activity, buckets).await?;
+        }
         let mut outcomes = Vec::with_capacity(batch.len());
         for r in batch {
             outcomes.push(Self::apply_one(&mut tx, r).await?);
@@ -560,14 +604,39 @@ impl MysqlLedger {
         }
         let mut tx = self.pool.begin().await?;
         // The generation under a shared lock held to COMMIT, as for an order: a recovery's bump
-        // waits for this transfer, so its snapshot holds it or it is refused here. Taken first:
-        // the read below then sees every transfer committed before this one could start.
+        // waits for this transfer, so its snapshot holds it or it is refused here.
         let current: Option<(u64,)> = sqlx::query_as(
             "SELECT generation FROM activity_generation WHERE activity_id = ? LOCK IN SHARE MODE",
         )
         .bind(activity.0)
         .fetch_optional(&mut *tx)
         .await?;
+        // The bucket rows are written before anything is read without a lock: a plain read first
+        // would fix a read view that the batches' writes to these rows since then contradict
+        // (error 1020 under MariaDB's snapshot isolation, on every attempt in a busy sale).
+        // Whether to keep the writes is decided after, and a refusal rolls them back.
+        lock_buckets(&mut tx, activity, &[t.from, t.to].into_iter().collect()).await?;
+        let taken = sqlx::query(
+            "UPDATE stock_bucket SET remaining = remaining - ? WHERE activity_id = ? AND bucket_no = ? AND remaining >= ?",
+        )
+        .bind(t.units)
+        .bind(activity.0)
+        .bind(t.from.0)
+        .bind(t.units)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let given = sqlx::query(
+            "UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?",
+        )
+        .bind(t.units)
+        .bind(activity.0)
+        .bind(t.to.0)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        // Both bucket rows locked: a transfer of this id committed before is seen here, one
+        // committed since would have waited for those locks. (Dropping `tx` rolls back.)
         let done: Option<(u64,)> = sqlx::query_as(
             "SELECT id FROM stock_journal WHERE activity_id = ? AND kind = 'transfer' AND reference = ? LIMIT 1",
         )
@@ -581,31 +650,12 @@ impl MysqlLedger {
         if let Some((current,)) = current.filter(|(g,)| t.generation < *g) {
             return Err(refused(stale_transfer(t, current)));
         }
-        let taken = sqlx::query(
-            "UPDATE stock_bucket SET remaining = remaining - ? WHERE activity_id = ? AND bucket_no = ? AND remaining >= ?",
-        )
-        .bind(t.units)
-        .bind(activity.0)
-        .bind(t.from.0)
-        .bind(t.units)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
         if taken == 0 {
             return Err(refused(format!(
                 "bucket {} is missing or lacks {} units",
                 t.from, t.units
             )));
         }
-        let given = sqlx::query(
-            "UPDATE stock_bucket SET remaining = remaining + ? WHERE activity_id = ? AND bucket_no = ?",
-        )
-        .bind(t.units)
-        .bind(activity.0)
-        .bind(t.to.0)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
         if given == 0 {
             return Err(refused(format!("no bucket {}", t.to)));
         }
