@@ -744,7 +744,7 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
         &[Scenario::Rebalancing, Scenario::Operator],
         20,
     ),
-    ("deadlock_victim_set_intent", &[Scenario::Operator], 100),
+    ("deadlock_victim_set_intent", &[Scenario::Operator], 300),
     ("deadlock_victim_bump", &[Scenario::CompetingRecoveries], 100),
     // A failover to a replica further behind than the recovery's quiesce.
     (
