@@ -288,13 +288,8 @@ impl MysqlLedger {
         // The activity's generation under a shared lock held to COMMIT: a recovery's bump
         // (an UPDATE of this row) waits for this batch, so its snapshot either holds this order or
         // the order is refused here (DESIGN §11.3).
-        let current: Option<(u64,)> = sqlx::query_as(
-            "SELECT generation FROM activity_generation WHERE activity_id = ? LOCK IN SHARE MODE",
-        )
-        .bind(r.activity.0)
-        .fetch_optional(&mut **tx)
-        .await?;
-        if current.is_some_and(|(g,)| r.generation < g) {
+        let current = generation_shared(tx, r.activity).await?;
+        if current.is_some_and(|g| r.generation < g) {
             sqlx::query("UPDATE seckill_order SET status = 'failed' WHERE reservation_id = ?")
                 .bind(&id)
                 .execute(&mut **tx)
@@ -393,6 +388,20 @@ async fn retrying<T, Fut: std::future::Future<Output = TxResult<T>>>(
 
 async fn commit(tx: Transaction<'static, MySql>) -> TxResult<()> {
     tx.commit().await.map_err(TxError::Commit)
+}
+
+/// The activity's generation under a shared lock held to COMMIT (every order and transfer takes
+/// it): a recovery's bump, which takes it exclusive, waits for the transaction.
+async fn generation_shared(
+    tx: &mut Transaction<'static, MySql>,
+    activity: ActivityId,
+) -> Result<Option<u64>, sqlx::Error> {
+    let row: Option<(u64,)> =
+        sqlx::query_as("SELECT generation FROM activity_generation WHERE activity_id = ? LOCK IN SHARE MODE")
+            .bind(activity.0)
+            .fetch_optional(&mut **tx)
+            .await?;
+    Ok(row.map(|(g,)| g))
 }
 
 /// Lock the bucket rows of `activity` a transaction is about to write, in ascending order,
@@ -581,12 +590,7 @@ impl MysqlLedger {
             buckets.entry(r.activity).or_default().insert(r.bucket);
         }
         for (activity, buckets) in buckets.iter().filter(|(_, b)| b.len() > 1) {
-            sqlx::query(
-                "SELECT generation FROM activity_generation WHERE activity_id = ? LOCK IN SHARE MODE",
-            )
-            .bind(activity.0)
-            .fetch_optional(&mut *tx)
-            .await?;
+            generation_shared(&mut tx, *activity).await?;
             lock_buckets(&mut tx, *activity, buckets).await?;
         }
         let mut outcomes = Vec::with_capacity(batch.len());
@@ -605,12 +609,7 @@ impl MysqlLedger {
         let mut tx = self.pool.begin().await?;
         // The generation under a shared lock held to COMMIT, as for an order: a recovery's bump
         // waits for this transfer, so its snapshot holds it or it is refused here.
-        let current: Option<(u64,)> = sqlx::query_as(
-            "SELECT generation FROM activity_generation WHERE activity_id = ? LOCK IN SHARE MODE",
-        )
-        .bind(activity.0)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let current = generation_shared(&mut tx, activity).await?;
         // The bucket rows are written before anything is read without a lock: a plain read first
         // would fix a read view that the batches' writes to these rows since then contradict
         // (error 1020 under MariaDB's snapshot isolation, on every attempt in a busy sale).
@@ -647,7 +646,7 @@ impl MysqlLedger {
         if done.is_some() {
             return Ok(false);
         }
-        if let Some((current,)) = current.filter(|(g,)| t.generation < *g) {
+        if let Some(current) = current.filter(|g| t.generation < *g) {
             return Err(refused(stale_transfer(t, current)));
         }
         if taken == 0 {
