@@ -13,6 +13,9 @@ Redis stock) and checks through Prometheus's HTTP API:
   exists (counters and gauges are exported from start, at zero);
 - the reconcile-difference alert is pending or firing.
 
+The processes get a database of their own on DATABASE_URL's server (dropped at the end): the jobs
+process walks every sale in its ledger, and the shared one holds every earlier run's.
+
     ci/prometheus.py path/to/seckill
 """
 import json
@@ -103,8 +106,9 @@ def main():
         fail("prometheus is not installed (apt-get install prometheus)")
     work = tempfile.mkdtemp(prefix="seckill-prometheus-")
     procs = []
+    database = OwnDatabase(os.environ["DATABASE_URL"])
     try:
-        run(seckill, prometheus, work, procs)
+        run(seckill, prometheus, work, procs, database.url)
     except SystemExit:
         # What the processes said is the first thing to read when a check failed.
         for name in sorted(os.listdir(work)):
@@ -123,11 +127,34 @@ def main():
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(work, ignore_errors=True)
+        database.drop()
 
 
-def run(seckill, prometheus, work, procs):
+class OwnDatabase:
+    """A database of this run's on the server of `shared` (a mysql:// URL), through `mariadb`."""
+
+    def __init__(self, shared):
+        u = urllib.parse.urlsplit(shared)
+        self.name = f"seckill_prometheus_{os.getpid()}_{int(time.time())}"
+        self.client = ["mariadb", "-h", u.hostname or "127.0.0.1", "-P", str(u.port or 3306),
+                       "-u", urllib.parse.unquote(u.username or ""),
+                       f"-p{urllib.parse.unquote(u.password or '')}"]
+        done = self.sql(f"CREATE DATABASE `{self.name}`")
+        if done.returncode != 0:
+            fail(f"create database {self.name}: {done.stderr.strip()}")
+        self.url = urllib.parse.urlunsplit(u._replace(path=f"/{self.name}"))
+
+    def sql(self, statement):
+        return subprocess.run(self.client + ["-e", statement], capture_output=True, text=True)
+
+    def drop(self):
+        self.sql(f"DROP DATABASE IF EXISTS `{self.name}`")
+
+
+def run(seckill, prometheus, work, procs, database_url):
     run_id = f"{os.getpid()}-{int(time.time())}"
     env = dict(os.environ,
+               DATABASE_URL=database_url,
                SECKILL_TOPIC=f"seckill.prometheus.{run_id}",
                SECKILL_ADMIN_TOKEN=ADMIN,
                SECKILL_TOKEN_SECRET="prometheus-check-token-secret-0123456789",
