@@ -489,6 +489,9 @@ pub struct LedgerLog {
     pub out_of_stock: Mutex<BTreeMap<u32, u64>>,
     /// Registry writes of an open intent (a resume): when, and the intent's version.
     pub opens: Mutex<Vec<(Duration, u64)>>,
+    /// Every reservation a committed batch carried (whatever its outcome), and when it was
+    /// first: what the group's commits are checked against (DESIGN §5).
+    pub applied: Mutex<BTreeMap<ReservationId, Duration>>,
 }
 
 /// How long MariaDB keeps a transaction whose client went silent (`idle_transaction_timeout`,
@@ -559,6 +562,11 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
             }
             let out = l.apply(&req.batch).await;
             if let Ok(outcomes) = &out {
+                let mut applied = log.applied.lock().expect("ledger log");
+                for r in &req.batch {
+                    applied.entry(r.id).or_insert_with(|| f.elapsed());
+                }
+                drop(applied);
                 let accepted_stale = req
                     .batch
                     .iter()
@@ -863,6 +871,9 @@ pub struct KafkaLog {
     pub visible_late: Mutex<BTreeMap<String, (Duration, Duration)>>,
     /// Members whose last rewind failed (a coverage target counts the retry that follows).
     rewind_failed: Mutex<BTreeSet<String>>,
+    /// Each commit that moved a partition's committed offset: when, the partition, and the
+    /// offsets it newly covered. Taken (and checked) by the world.
+    pub commits: Mutex<Vec<(Duration, u32, std::ops::Range<u64>)>>,
     _alive: Alive,
 }
 
@@ -941,6 +952,7 @@ impl KafkaLog {
             lost_after_ack: Mutex::default(),
             visible_late: Mutex::default(),
             rewind_failed: Mutex::default(),
+            commits: Mutex::default(),
             _alive: Alive::new(),
         }
     }
@@ -967,6 +979,14 @@ impl KafkaLog {
 
     pub fn dead_letters(&self) -> usize {
         self.state.lock().expect("kafka").dead_letters.len()
+    }
+
+    /// The record at `offset` of `partition`, and whether it was dead-lettered.
+    pub fn record(&self, partition: u32, offset: u64) -> Option<(Vec<u8>, bool)> {
+        let st = self.state.lock().expect("kafka");
+        let (_, payload) = st.partitions.get(partition as usize)?.get(offset as usize)?;
+        let dead = (st.dead_letters.iter()).any(|(d, _)| d.partition == partition && d.offset == offset);
+        Some((payload.clone(), dead))
     }
 
     fn append(&self, key: &str, payload: &[u8]) -> u64 {
@@ -1074,7 +1094,11 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 ));
             }
             let c = st.committed.entry((req.group, req.partition)).or_insert(0);
-            *c = (*c).max(req.offset);
+            if req.offset > *c {
+                let newly = (f.elapsed(), req.partition, *c..req.offset);
+                l.commits.lock().expect("kafka").push(newly);
+                *c = req.offset;
+            }
             Ok(())
         }
     });

@@ -21,7 +21,7 @@ use rand::SeedableRng;
 use seckill_engine::adapters::embedded::{EmbeddedLedger, EmbeddedRedis, RedisModel};
 use seckill_engine::adapters::script::ScriptedStockCache;
 use seckill_engine::domain::{
-    Activity, ActivityId, ActivitySpec, ActivityState, BucketNo, BucketRouter, StockPlan, UserId,
+    Activity, ActivityId, ActivitySpec, ActivityState, BucketNo, BucketRouter, Reservation, StockPlan, UserId,
 };
 use seckill_engine::planted::{self, Bug};
 use seckill_engine::ports::{CacheView, Ledger, OrderStatus, PayOutcome, StockCache};
@@ -1434,6 +1434,7 @@ impl World {
             self.record(self.transfers_acked(), Verdict::Safety);
             self.record(self.gates_move_forward(), Verdict::Safety);
             self.record(self.stale_orders_refused(), Verdict::Safety);
+            self.record(self.commits_after_apply(), Verdict::Safety);
             self.watch_claims();
         }
     }
@@ -1507,6 +1508,43 @@ impl World {
                          overrode a newer one"
                     ),
                 });
+            }
+        }
+        out
+    }
+
+    /// DESIGN §5 on the bus: the worker group commits an offset only after a ledger transaction
+    /// that carried its record committed (or after the record went to the dead letters). A
+    /// record committed unapplied is skipped for good: no worker reads it again, and only the
+    /// reconciler's republish of a reservation left open would resolve its buyer's "queued" —
+    /// the look at each commit sees what that slower path hides.
+    fn commits_after_apply(&self) -> Vec<inv::Violation> {
+        let commits = std::mem::take(&mut *self.kafka.commits.lock().expect("kafka"));
+        let applied = self.ledger_log.applied.lock().expect("ledger log");
+        let mut out = Vec::new();
+        for (at, partition, offsets) in commits {
+            for offset in offsets {
+                let unapplied = match self.kafka.record(partition, offset) {
+                    Some((_, true)) => None,
+                    Some((payload, false)) => match Reservation::decode(&payload) {
+                        Ok(r) => applied
+                            .get(&r.id)
+                            .is_none_or(|when| *when > at)
+                            .then(|| format!("reservation {}", r.id)),
+                        Err(e) => Some(format!("a record that does not decode ({e}), not dead-lettered")),
+                    },
+                    None => Some("a record past the partition's end".to_string()),
+                };
+                if let Some(what) = unapplied {
+                    out.push(inv::Violation {
+                        invariant: inv::Invariant::L1QueuedResolved,
+                        bucket: None,
+                        detail: format!(
+                            "the workers committed partition {partition} offset {offset} ({what}) at {at:?}, \
+                             before any ledger transaction carried it"
+                        ),
+                    });
+                }
             }
         }
         out
@@ -2916,6 +2954,7 @@ impl World {
         self.record(self.orders_announced(&db), Verdict::Safety);
         self.record(self.god.generation_fenced().await, Verdict::Safety);
         self.record(self.stale_orders_refused(), Verdict::Safety);
+        self.record(self.commits_after_apply(), Verdict::Safety);
         self.cover_late_records(&db);
         let checks = self.cfg.scenario.checks(self.cfg.jobs);
         let mut live = Vec::new();
