@@ -1951,6 +1951,52 @@ impl World {
         }
     }
 
+    /// S7 for the page of a user told "queued" for `expect`: an older failed order is not the
+    /// answer while `expect` is on its way (DESIGN §6: a failed order frees its user, and the
+    /// newer reservation is shown before it — "your order failed" would send the buyer away
+    /// from a unit that is theirs). The user's buyer mark, read raw when the page arrives, held
+    /// since the reserve unless Redis lost something since the page was asked for: only a
+    /// release or a loss takes a mark away, and a rebuild puts back only live ones.
+    fn queued_before_failed(
+        &self,
+        user: UserId,
+        expect: seckill_engine::domain::ReservationId,
+        v: &seckill_engine::service::StatusView,
+        sent: Duration,
+    ) {
+        use seckill_engine::adapters::embedded::Value;
+        use seckill_engine::adapters::script::buyers_key;
+        if v.state != OrderState::Failed || v.reservation == Some(expect) {
+            return;
+        }
+        let since = |at: Option<Duration>| at.is_some_and(|at| at >= sent);
+        if since(*self.redis.restarted_at.lock().expect("restarted"))
+            || since(*self.redis.key_lost_at.lock().expect("key lost"))
+        {
+            return;
+        }
+        let key = buyers_key(ACTIVITY, self.god.plan.route(user));
+        let member = user.to_string();
+        let marked = self.redis.model.read(|ks| match ks.get(key.as_bytes()) {
+            Some(Value::Set(s)) => s.contains(member.as_bytes()),
+            _ => false,
+        });
+        if marked {
+            self.record(
+                vec![inv::Violation {
+                    invariant: inv::Invariant::S7AnswersTrue,
+                    bucket: None,
+                    detail: format!(
+                        "user {user}'s order page showed failed order {} while reservation {expect}, \
+                         told queued, still held the user's buyer mark",
+                        v.reservation.map_or("?".to_string(), |r| r.to_string())
+                    ),
+                }],
+                Verdict::Safety,
+            );
+        }
+    }
+
     /// The user checks the order page until the order shows, then (mostly) pays. With `expect`,
     /// only that reservation counts as this user's order.
     async fn follow_up(
@@ -1964,11 +2010,15 @@ impl World {
         let mut view = None;
         for _ in 0..5 {
             tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(100..400))).await;
+            let sent = self.faults.elapsed();
             let status = ep
                 .call_timeout(engine, rpc::Status { user }, Duration::from_secs(1))
                 .await;
             if let Ok(Ok(v)) = status {
                 self.status_true(user, &v).await;
+                if let Some(expect) = expect {
+                    self.queued_before_failed(user, expect, &v, sent);
+                }
                 if v.state != OrderState::Queued {
                     view = Some(v);
                     break;
