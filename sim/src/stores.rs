@@ -168,6 +168,9 @@ pub enum LoseAtWrite {
     Warmup(String),
     /// The next transfer's give, whichever its target.
     NextGive,
+    /// The next cancelled order's release (a payment timeout's, a buyer's), whichever its
+    /// bucket: the units of a cancel must not make a bucket of their own.
+    NextCancel,
 }
 
 /// Every stock key in a keyspace, with its units.
@@ -320,8 +323,9 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                 f.fired("redis_slow_script");
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
-            // warmup.lua's bucket op (KEYS stock, gate) and transfer.lua's give (KEYS stock,
-            // xfer, gate): the only scripts with these first arguments and key counts.
+            // warmup.lua's bucket op (KEYS stock, gate), transfer.lua's give (KEYS stock, xfer,
+            // gate) and release.lua's cancel (KEYS stock, buyers, resv, xfer, gate): the only
+            // scripts with these first arguments and key counts.
             {
                 let mut armed = s.lose_at_write.lock().expect("lose at write");
                 let op = req.args.first().map(String::as_str);
@@ -330,6 +334,7 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                         Some("a warmup")
                     }
                     (Some(LoseAtWrite::NextGive), Some("give"), 3) => Some("a transfer's give"),
+                    (Some(LoseAtWrite::NextCancel), Some("cancelled"), 5) => Some("a cancel's release"),
                     _ => None,
                 };
                 if let Some(writer) = writer {

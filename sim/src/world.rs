@@ -2334,7 +2334,7 @@ impl World {
                 // Aimed at the writers that check before they write: half the time the stock key
                 // goes as the writer's write of it arrives, after its check found it — where the
                 // operator warms up, a warmup's (one is started then), else the rebalancer's next
-                // give (into whichever bucket it moves units to).
+                // give (into whichever bucket it moves units to) or the next cancel's release.
                 let warmup = self.cfg.scenario.faults().contains(&Fault::OperatorWarmup);
                 let racing = thread_rng().gen_bool(0.5);
                 let key = match racing || thread_rng().gen_bool(0.5) {
@@ -2350,8 +2350,10 @@ impl World {
                         use crate::stores::LoseAtWrite;
                         let at = if warmup {
                             LoseAtWrite::Warmup(key)
-                        } else {
+                        } else if thread_rng().gen_bool(0.5) {
                             LoseAtWrite::NextGive
+                        } else {
+                            LoseAtWrite::NextCancel
                         };
                         *w.redis.lose_at_write.lock().expect("lose at write") = Some(at);
                         if warmup {
