@@ -154,12 +154,44 @@ pub struct RedisStore {
     pub lost_reserves: Mutex<BTreeMap<String, String>>,
     /// When the nemesis last deleted a key (`RedisKeyLost`): a loss without a restart.
     pub key_lost_at: Mutex<Option<Duration>>,
+    /// Every recovery claim Redis granted, in order.
+    pub claims: Mutex<Vec<ClaimGranted>>,
     /// A stock key to lose when a write of it arrives, after the writer's check found it.
     pub lose_at_write: Mutex<Option<LoseAtWrite>>,
     /// A replica's image: the next (re)start comes back with it whatever the persistence (a
     /// failover promotes the replica; the clients reconnect to the same address).
     promoted: Mutex<Option<(Keyspace, Duration)>>,
     _alive: Alive,
+}
+
+/// A recovery claim as `warmup.lua` granted it.
+#[derive(Debug, Clone)]
+pub struct ClaimGranted {
+    pub at: Duration,
+    pub fence: String,
+    /// It took over no other claim, and Redis held the whole activity as it came: the meta
+    /// with an epoch of this run and no claim, every stock key and every gate, none
+    /// recovering — nothing a recovery's look finds to do.
+    pub on_whole: bool,
+}
+
+/// Does the keyspace hold the whole activity (its `buckets` business buckets and the fallback),
+/// as a recovery's look sees it under Redis's run id `run_id`?
+fn whole(ks: &Keyspace, activity: ActivityId, buckets: u32, run_id: &str) -> bool {
+    use seckill_engine::adapters::embedded::Value;
+    use seckill_engine::adapters::script::{gate_key, meta_key, stock_key};
+    let meta = match ks.get(meta_key(activity).as_bytes()) {
+        Some(Value::Hash(h)) => {
+            !h.contains_key(b"claim".as_slice())
+                && h.get(b"epoch".as_slice()).is_some_and(|e| e == run_id.as_bytes())
+        }
+        _ => false,
+    };
+    meta && (0..=buckets).map(seckill_engine::domain::BucketNo).all(|b| {
+        ks.contains_key(stock_key(activity, b).as_bytes())
+            && matches!(ks.get(gate_key(activity, b).as_bytes()),
+                Some(Value::Str(g)) if !g.starts_with(b"recovering"))
+    })
 }
 
 /// Which write a stock key is lost at (`RedisKeyLost` aimed at a writer that checks first).
@@ -219,6 +251,7 @@ impl RedisStore {
             reserved: Mutex::default(),
             lost_reserves: Mutex::default(),
             key_lost_at: Mutex::default(),
+            claims: Mutex::default(),
             lose_at_write: Mutex::default(),
             promoted: Mutex::default(),
             _alive: Alive::new(),
@@ -344,7 +377,26 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                     s.lose_key(&req.keys[0], f.elapsed());
                 }
             }
+            // warmup.lua's claim (KEYS meta; ARGV op, fence, lease, version, buckets).
+            let claiming = (req.args.first().map(String::as_str) == Some("claim") && req.keys.len() == 1)
+                .then(|| {
+                    let buckets = req.args.get(4).and_then(|n| n.parse().ok()).unwrap_or(0);
+                    let run_id = s.model.run_id();
+                    s.model
+                        .read(|ks| whole(ks, crate::world::ACTIVITY, buckets, &run_id))
+                });
             let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
+            if let (Some(whole), Reply::Array(items)) = (claiming, &reply) {
+                if let [Reply::Bulk(tag), Reply::Bulk(previous)] = items.as_slice() {
+                    if tag == b"claimed" {
+                        s.claims.lock().expect("claims").push(ClaimGranted {
+                            at: f.elapsed(),
+                            fence: req.args[1].clone(),
+                            on_whole: whole && previous.is_empty(),
+                        });
+                    }
+                }
+            }
             if req.resent {
                 cover_rerun(&f, &req, &reply);
             }

@@ -1513,6 +1513,35 @@ impl World {
         out
     }
 
+    /// A recovery runs for a cause: a claim Redis granted while it held the whole activity (and
+    /// took over no other claim) finds nothing to do when it looks again under its claim, and
+    /// finishes without bumping the generation (or closing a gate) — unless Redis lost something
+    /// after it claimed. Two runners that waited on each other's claims would otherwise recover
+    /// in turn, each closing the sale again for nothing, and report a cause that no longer held.
+    fn recoveries_have_a_cause(&self) -> Vec<inv::Violation> {
+        let claims = self.redis.claims.lock().expect("claims").clone();
+        let bumps = self.ledger_log.bumps.lock().expect("ledger log").clone();
+        let restarted = *self.redis.restarted_at.lock().expect("restarted");
+        let key_lost = *self.redis.key_lost_at.lock().expect("key lost");
+        let lost_after = |at: Duration| restarted.max(key_lost).is_some_and(|loss| loss >= at);
+        bumps
+            .iter()
+            .filter_map(|bump| {
+                let holder = claims.iter().rev().find(|c| c.at <= *bump)?;
+                (holder.on_whole && !lost_after(holder.at)).then(|| inv::Violation {
+                    invariant: inv::Invariant::S7AnswersTrue,
+                    bucket: None,
+                    detail: format!(
+                        "claim {} was granted at {:?} on a Redis holding the whole activity (no \
+                         other claim, the epoch this run's, every key there), and the generation \
+                         was bumped at {bump:?} under it: a recovery with nothing to recover",
+                        holder.fence, holder.at
+                    ),
+                })
+            })
+            .collect()
+    }
+
     /// DESIGN §5 on the bus: the worker group commits an offset only after a ledger transaction
     /// that carried its record committed (or after the record went to the dead letters). A
     /// record committed unapplied is skipped for good: no worker reads it again, and only the
@@ -2370,10 +2399,17 @@ impl World {
                 });
                 self.background.lock().expect("background").push(task);
             }
+            // Aimed at a healthy activity under load, as a deploy job re-running its steps
+            // mid-sale meets it (one that meets a recovery is told to try again, and does).
             Fault::OperatorWarmup => {
-                self.faults.fired("operator_warmup");
                 let w = self.clone();
-                let task = tokio::spawn(async move { w.operator_warmup().await });
+                let task = tokio::spawn(async move {
+                    while !(w.faults.under_load() && w.healthy()) {
+                        tokio::time::sleep(CHECK_EVERY).await;
+                    }
+                    w.faults.fired("operator_warmup");
+                    w.operator_warmup().await
+                });
                 self.background.lock().expect("background").push(task);
             }
             // Pauses overlap the faults that follow: the nemesis goes on while the node sleeps.
@@ -3007,6 +3043,7 @@ impl World {
         self.record(self.god.generation_fenced().await, Verdict::Safety);
         self.record(self.stale_orders_refused(), Verdict::Safety);
         self.record(self.commits_after_apply(), Verdict::Safety);
+        self.record(self.recoveries_have_a_cause(), Verdict::Safety);
         self.cover_late_records(&db);
         let checks = self.cfg.scenario.checks(self.cfg.jobs);
         let mut live = Vec::new();
