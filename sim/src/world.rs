@@ -178,6 +178,10 @@ pub enum Fault {
     /// while the next recovery runs, for two leases at most: its rescue, its bump and the
     /// batches around them fail whole and run again.
     DeadlockInRecovery,
+    /// The broker goes down past the publish timeout, and Redis restarts (AOF) meanwhile:
+    /// purchases whose publish timed out find their reservation gone with the restart's window
+    /// — an outcome nobody knows, which must not be answered "queued".
+    BrokerDownAcrossRestart,
 }
 
 /// A knob's probability while its window is open, else 0.
@@ -228,6 +232,8 @@ impl Fault {
             Fault::ConsumerPause => session + 200..session + 1_500,
             // Long enough to meet the ledger's failures: a rewind is asked for only after one.
             Fault::MqRewindFail => 300..1_500,
+            // Past the publish timeout (the store timeout): every publish sent meanwhile is lost.
+            Fault::BrokerDownAcrossRestart => 400..900,
             _ => 30..300,
         }
     }
@@ -327,6 +333,7 @@ impl Scenario {
                 Fault::RedisRestartAof,
                 Fault::RedisRestartAof,
                 Fault::RedisFailover,
+                Fault::BrokerDownAcrossRestart,
             ],
             Scenario::Chaos => ALL_FAULTS,
             Scenario::Skewed => &[Fault::JobsCrash],
@@ -2218,6 +2225,15 @@ impl World {
             Fault::EngineCrash => self.down_for(pick(&self.engines), "engine_crash", hold).await,
             Fault::JobsCrash => self.down_for(pick(&self.jobs_nodes), "jobs_crash", hold).await,
             Fault::BrokerDown => self.down_for(self.kafka_node.id(), "broker_down", hold).await,
+            Fault::BrokerDownAcrossRestart => {
+                let (w, at) = (self.clone(), hold.mul_f64(thread_rng().gen_range(0.3..0.9)));
+                let task = tokio::spawn(async move {
+                    tokio::time::sleep(at).await;
+                    w.restart_redis(Fault::RedisRestartAof).await
+                });
+                self.background.lock().expect("background").push(task);
+                self.down_for(self.kafka_node.id(), "broker_down", hold).await
+            }
             Fault::MysqlUnavailable => {
                 self.down_for(self.mysql_node.id(), "mysql_unavailable", hold)
                     .await
@@ -2230,32 +2246,7 @@ impl World {
                 self.skews.lock().expect("skews")[i] = skew;
                 self.reboot(self.engines[i].id());
             }
-            Fault::RedisRestartVolatile | Fault::RedisRestartAof => {
-                let volatile = fault == Fault::RedisRestartVolatile;
-                f.fired(if volatile {
-                    "redis_restart_volatile"
-                } else {
-                    "redis_restart_aof_window"
-                });
-                self.redis.set_restart_mode(if volatile {
-                    Persistence::Volatile
-                } else {
-                    Persistence::Aof
-                });
-                // In chaos, half the restarts are not instant: Redis is down a while (loading its
-                // AOF, a supervisor's restart delay) and requests meanwhile get no answer. The
-                // scenarios about recoveries restart it at once, so that records still in flight
-                // meet the recovery. Either way it comes back with what its persistence kept.
-                self.handle.kill(self.redis_node.id());
-                if self.cfg.scenario == Scenario::Chaos && thread_rng().gen_bool(0.5) {
-                    let down = thread_rng().gen_range(50..1_500);
-                    f.fired("redis_down_a_while");
-                    f.event(format!("redis down for {down} ms"));
-                    tokio::time::sleep(Duration::from_millis(down)).await;
-                }
-                // Killed again: an aimed restart may have brought it back meanwhile.
-                self.reboot(self.redis_node.id());
-            }
+            Fault::RedisRestartVolatile | Fault::RedisRestartAof => self.restart_redis(fault).await,
             Fault::RedisFailover => {
                 f.fired("redis_failover");
                 // The replica holds what the primary held `lag` ago; the primary goes on taking
@@ -2506,6 +2497,35 @@ impl World {
             w.faults.close_window(name, turn);
         });
         self.background.lock().expect("background").push(task);
+    }
+
+    /// Redis restarts with what its persistence kept (`RedisRestartVolatile` or `RedisRestartAof`).
+    async fn restart_redis(&self, fault: Fault) {
+        let f = &self.faults;
+        let volatile = fault == Fault::RedisRestartVolatile;
+        f.fired(if volatile {
+            "redis_restart_volatile"
+        } else {
+            "redis_restart_aof_window"
+        });
+        self.redis.set_restart_mode(if volatile {
+            Persistence::Volatile
+        } else {
+            Persistence::Aof
+        });
+        // In chaos, half the restarts are not instant: Redis is down a while (loading its
+        // AOF, a supervisor's restart delay) and requests meanwhile get no answer. The
+        // scenarios about recoveries restart it at once, so that records still in flight
+        // meet the recovery. Either way it comes back with what its persistence kept.
+        self.handle.kill(self.redis_node.id());
+        if self.cfg.scenario == Scenario::Chaos && thread_rng().gen_bool(0.5) {
+            let down = thread_rng().gen_range(50..1_500);
+            f.fired("redis_down_a_while");
+            f.event(format!("redis down for {down} ms"));
+            tokio::time::sleep(Duration::from_millis(down)).await;
+        }
+        // Killed again: an aimed restart may have brought it back meanwhile.
+        self.reboot(self.redis_node.id());
     }
 
     /// A node stops (every task where it is), for `hold`, and goes on: a zombie.
