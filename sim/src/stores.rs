@@ -171,7 +171,8 @@ pub struct ClaimGranted {
     pub fence: String,
     /// It took over no other claim, and Redis held the whole activity as it came: the meta
     /// with an epoch of this run and no claim, every stock key and every gate, none
-    /// recovering — nothing a recovery's look finds to do.
+    /// recovering — nothing a recovery's look finds to do (its one other cause, a gate behind
+    /// the registry's generation, comes back only with a restart or a failover: a new run id).
     pub on_whole: bool,
 }
 

@@ -1987,10 +1987,13 @@ impl World {
     /// S7 for the page of a user told "queued" for `expect`: an older failed order is not the
     /// answer while `expect` is on its way (DESIGN §6: a failed order frees its user, and the
     /// newer reservation is shown before it — "your order failed" would send the buyer away
-    /// from a unit that is theirs). The user's buyer mark, read raw when the page arrives, held
-    /// since the reserve unless Redis lost something since the page was asked for: only a
-    /// release or a loss takes a mark away, and a rebuild puts back only live ones.
-    fn queued_before_failed(
+    /// from a unit that is theirs). Read raw when the page arrives: `expect` still open in the
+    /// outbox, the user marked, no other open reservation of the user and no live order in the
+    /// ledger. Then the mark was there when the page was made, unless Redis restarted or lost a
+    /// key since it was asked for: a mark comes only with a reserve (its entry open until a
+    /// settle, whose order is live, or a release, which takes the mark too) or with a rebuild
+    /// (which marks live buyers, and deletes an open entry the ledger lacks).
+    async fn queued_before_failed(
         &self,
         user: UserId,
         expect: seckill_engine::domain::ReservationId,
@@ -1998,30 +2001,50 @@ impl World {
         sent: Duration,
     ) {
         use seckill_engine::adapters::embedded::Value;
-        use seckill_engine::adapters::script::buyers_key;
+        use seckill_engine::adapters::script::{buyers_key, resv_key};
         if v.state != OrderState::Failed || v.reservation == Some(expect) {
             return;
         }
+        let restarted = *self.redis.restarted_at.lock().expect("restarted");
         let since = |at: Option<Duration>| at.is_some_and(|at| at >= sent);
-        if since(*self.redis.restarted_at.lock().expect("restarted"))
-            || since(*self.redis.key_lost_at.lock().expect("key lost"))
-        {
+        if since(restarted) || since(*self.redis.key_lost_at.lock().expect("key lost")) {
             return;
         }
-        let key = buyers_key(ACTIVITY, self.god.plan.route(user));
-        let member = user.to_string();
-        let marked = self.redis.model.read(|ks| match ks.get(key.as_bytes()) {
-            Some(Value::Set(s)) => s.contains(member.as_bytes()),
-            _ => false,
+        let (rid, own) = (expect.to_string(), self.god.plan.route(user));
+        let mine = format!("{user}|");
+        let (open, others, marked) = self.redis.model.read(|ks| {
+            let (mut open, mut others) = (false, false);
+            for b in [own, self.god.plan.fallback_bucket()] {
+                if let Some(Value::Hash(h)) = ks.get(resv_key(ACTIVITY, b).as_bytes()) {
+                    open |= h.contains_key(rid.as_bytes());
+                    others |= h
+                        .iter()
+                        .any(|(k, v)| k.as_slice() != rid.as_bytes() && v.starts_with(mine.as_bytes()));
+                }
+            }
+            let marked = matches!(ks.get(buyers_key(ACTIVITY, own).as_bytes()),
+                Some(Value::Set(s)) if s.contains(user.to_string().as_bytes()));
+            (open, others, marked)
         });
-        if marked {
+        if !(open && marked) || others {
+            return;
+        }
+        let live = self
+            .god
+            .ledger
+            .order_of(ACTIVITY, user)
+            .await
+            .expect("in-process")
+            .is_some_and(|o| o.status != OrderStatus::Failed);
+        if !live {
             self.record(
                 vec![inv::Violation {
                     invariant: inv::Invariant::S7AnswersTrue,
                     bucket: None,
                     detail: format!(
-                        "user {user}'s order page showed failed order {} while reservation {expect}, \
-                         told queued, still held the user's buyer mark",
+                        "user {user}'s order page (asked at {sent:?}; Redis last restarted at \
+                         {restarted:?}) showed failed order {} while reservation {expect}, told \
+                         queued, was open in Redis and its user marked",
                         v.reservation.map_or("?".to_string(), |r| r.to_string())
                     ),
                 }],
@@ -2050,7 +2073,7 @@ impl World {
             if let Ok(Ok(v)) = status {
                 self.status_true(user, &v).await;
                 if let Some(expect) = expect {
-                    self.queued_before_failed(user, expect, &v, sent);
+                    self.queued_before_failed(user, expect, &v, sent).await;
                 }
                 if v.state != OrderState::Queued {
                     view = Some(v);
