@@ -259,6 +259,12 @@ impl RedisStore {
         }
     }
 
+    /// When Redis last lost data: its last restart (or failover) or deleted key, if any.
+    pub fn last_loss(&self) -> Option<Duration> {
+        let restarted = *self.restarted_at.lock().expect("restarted");
+        restarted.max(*self.key_lost_at.lock().expect("key lost"))
+    }
+
     /// Delete `key` (a loss without a restart: eviction, a failover that lost it).
     pub fn lose_key(&self, key: &str, at: Duration) {
         self.model.command(&[b"DEL".to_vec(), key.as_bytes().to_vec()]);

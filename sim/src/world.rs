@@ -1525,9 +1525,7 @@ impl World {
     fn recoveries_have_a_cause(&self) -> Vec<inv::Violation> {
         let claims = self.redis.claims.lock().expect("claims").clone();
         let bumps = self.ledger_log.bumps.lock().expect("ledger log").clone();
-        let restarted = *self.redis.restarted_at.lock().expect("restarted");
-        let key_lost = *self.redis.key_lost_at.lock().expect("key lost");
-        let lost_after = |at: Duration| restarted.max(key_lost).is_some_and(|loss| loss >= at);
+        let lost_after = |at: Duration| self.redis.last_loss().is_some_and(|loss| loss >= at);
         bumps
             .iter()
             .filter_map(|bump| {
@@ -1656,9 +1654,7 @@ impl World {
     /// the units, as where Redis loses nothing. A claim the checker did not see, or one that
     /// outlived a loss, waits for the next one: the look is skipped, never misjudged.
     fn recovered_since_loss(&self) -> bool {
-        let restarted = *self.redis.restarted_at.lock().expect("restarted");
-        let key_lost = *self.redis.key_lost_at.lock().expect("key lost");
-        let Some(loss) = restarted.max(key_lost) else {
+        let Some(loss) = self.redis.last_loss() else {
             return true;
         };
         let claimed_after = self
@@ -2005,9 +2001,8 @@ impl World {
         if v.state != OrderState::Failed || v.reservation == Some(expect) {
             return;
         }
-        let restarted = *self.redis.restarted_at.lock().expect("restarted");
-        let since = |at: Option<Duration>| at.is_some_and(|at| at >= sent);
-        if since(restarted) || since(*self.redis.key_lost_at.lock().expect("key lost")) {
+        let lost = self.redis.last_loss();
+        if lost.is_some_and(|at| at >= sent) {
             return;
         }
         let (rid, own) = (expect.to_string(), self.god.plan.route(user));
@@ -2042,8 +2037,8 @@ impl World {
                     invariant: inv::Invariant::S7AnswersTrue,
                     bucket: None,
                     detail: format!(
-                        "user {user}'s order page (asked at {sent:?}; Redis last restarted at \
-                         {restarted:?}) showed failed order {} while reservation {expect}, told \
+                        "user {user}'s order page (asked at {sent:?}; Redis last lost data at \
+                         {lost:?}) showed failed order {} while reservation {expect}, told \
                          queued, was open in Redis and its user marked",
                         v.reservation.map_or("?".to_string(), |r| r.to_string())
                     ),
@@ -2699,10 +2694,7 @@ impl World {
         if !answer.contains(seckill_engine::service::admin::LOST_AFTER_CHECK) {
             return;
         }
-        let since = |at: Option<Duration>| at.is_some_and(|t| t >= began);
-        let lost = since(*self.redis.key_lost_at.lock().expect("key lost"))
-            || since(*self.redis.restarted_at.lock().expect("restarted"));
-        if !lost {
+        if self.redis.last_loss().is_none_or(|at| at < began) {
             self.record(
                 vec![inv::Violation {
                     invariant: inv::Invariant::S7AnswersTrue,
