@@ -14,7 +14,8 @@
 --   -> {"created"} | {"exists"}; a different plan version is an error (plans never change in place)
 --   The epoch is the Redis server's run id at warmup: a later run id means Redis restarted since,
 --   and may have lost data (the recovery job compares them).
--- The meta holds only the plan's shape, the epoch and the recovery claim (DESIGN §11.2): the
+-- The meta holds only the plan's shape, the epoch and the recovery claim with its fence (the
+-- claim's while it runs, `finished` once it finished; DESIGN §11.2): the
 -- operator's intent lives in the registry (MySQL) and is enforced by the gates (gate.lua).
 -- op "claim":  KEYS[1] sk:{A}:meta   ARGV[2] fence  ARGV[3] lease ms  ARGV[4] version  ARGV[5] buckets
 --   -> {"claimed", previous fence or ""} | {"busy", fence, ms left}
@@ -24,8 +25,11 @@
 -- op "renew":  KEYS[1] sk:{A}:meta   ARGV[2] fence  ARGV[3] lease ms   -> {"renewed"} | {"lost"}
 --   A lease of 0 lets the claim expire now (a runner giving up: the next one claims at once).
 -- op "finish": KEYS[1] sk:{A}:meta   ARGV[2] fence  ARGV[3] epoch      -> {"finished"} | {"lost"}
---   ({"finished"} again for a re-sent finish: no claim left and the epoch already this one)
---   Recovery's last step: the claim goes, the epoch is the run id the rebuild is valid for.
+--   ({"finished"} again for a re-sent finish: no claim left, this fence the last to finish and
+--   the epoch already this one; a runner whose claim was taken over is told "lost" even where
+--   its successor finished under the same run id — it recovered nothing)
+--   Recovery's last step: the claim goes, the epoch is the run id the rebuild is valid for, and
+--   field `finished` names the fence that finished.
 -- op "moved":  KEYS[1] sk:{A}:meta   -> {"ok", n}
 --   Counts a rebalancing round (field `moves`): engines that see it change forget their local
 --   sold-out flags, so units moved into a drained bucket are offered again.
@@ -109,16 +113,17 @@ elseif op == "finish" then
     return redis.error_reply("ERR warmup: finish wants an alphanumeric fence and an epoch")
   end
   local held = redis.call("HGET", KEYS[1], "claim")
-  -- Finished already with this epoch: this call's own first run, sent again by a client that
-  -- lost its reply.
-  if not held and redis.call("HGET", KEYS[1], "epoch") == ARGV[3] then
+  -- Finished already by this fence with this epoch: this call's own first run, sent again by a
+  -- client that lost its reply.
+  if not held and redis.call("HGET", KEYS[1], "finished") == fence
+      and redis.call("HGET", KEYS[1], "epoch") == ARGV[3] then
     return {"finished"}
   end
   if held ~= fence then
     return {"lost"}
   end
   redis.call("HDEL", KEYS[1], "claim", "deadline")
-  redis.call("HSET", KEYS[1], "epoch", ARGV[3])
+  redis.call("HSET", KEYS[1], "epoch", ARGV[3], "finished", fence)
   return {"finished"}
 elseif op == "moved" then
   -- Never create a meta of its own: after a data loss that is the recovery's to rebuild.

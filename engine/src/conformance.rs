@@ -492,6 +492,10 @@ where
             "a re-sent finish answers what its first run did"
         );
         assert!(
+            !c.finish(&plan, "f2", "e2").await.unwrap(),
+            "a claim taken over is lost, even once its successor finished under the same epoch"
+        );
+        assert!(
             !c.finish(&plan, "f1", "e3").await.unwrap(),
             "nothing to finish under another epoch"
         );

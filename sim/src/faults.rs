@@ -167,9 +167,10 @@ impl Faults {
         c.iter().map(|(k, v)| (k.to_string(), *v)).collect()
     }
 
-    /// `n` clients start sending (the sale is under load until each has called `client_done`).
+    /// `n` more clients start sending (the sale is under load until each has called `client_done`).
     pub fn clients_start(&self, n: usize) {
-        self.clients_left.store(n, std::sync::atomic::Ordering::SeqCst);
+        self.clients_left
+            .fetch_add(n, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn client_done(&self) {

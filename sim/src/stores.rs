@@ -156,6 +156,11 @@ pub struct RedisStore {
     pub key_lost_at: Mutex<Option<Duration>>,
     /// Every recovery claim Redis granted, in order.
     pub claims: Mutex<Vec<ClaimGranted>>,
+    /// Gates a recovery closed although they carried a newer generation than its claim's: when,
+    /// the claim's fence, and the gate as it was.
+    pub stale_closes: Mutex<Vec<(Duration, String, String)>>,
+    /// Every answer `warmup.lua`'s finish gave, in order.
+    pub finishes: Mutex<Vec<FinishSeen>>,
     /// A stock key to lose when a write of it arrives, after the writer's check found it.
     pub lose_at_write: Mutex<Option<LoseAtWrite>>,
     /// A replica's image: the next (re)start comes back with it whatever the persistence (a
@@ -176,6 +181,17 @@ pub struct ClaimGranted {
     pub on_whole: bool,
 }
 
+/// A recovery's finish as Redis answered it.
+#[derive(Debug, Clone)]
+pub struct FinishSeen {
+    pub at: Duration,
+    pub fence: String,
+    /// The meta's claim as the finish found it: this fence's own means this run finished it.
+    pub held: Option<String>,
+    /// The answer: finished or not.
+    pub finished: bool,
+}
+
 /// Does the keyspace hold the whole activity (its `buckets` business buckets and the fallback),
 /// as a recovery's look sees it under Redis's run id `run_id`?
 fn whole(ks: &Keyspace, activity: ActivityId, buckets: u32, run_id: &str) -> bool {
@@ -192,6 +208,26 @@ fn whole(ks: &Keyspace, activity: ActivityId, buckets: u32, run_id: &str) -> boo
         ks.contains_key(stock_key(activity, b).as_bytes())
             && matches!(ks.get(gate_key(activity, b).as_bytes()),
                 Some(Value::Str(g)) if !g.starts_with(b"recovering"))
+    })
+}
+
+/// A string key's value, if it holds one (read raw).
+fn raw_string(model: &RedisModel, key: &str) -> Option<String> {
+    use seckill_engine::adapters::embedded::Value;
+    model.read(|ks| match ks.get(key.as_bytes()) {
+        Some(Value::Str(v)) => Some(String::from_utf8_lossy(v).into_owned()),
+        _ => None,
+    })
+}
+
+/// The recovery claim a meta hash holds, if any (read raw).
+pub fn meta_claim(model: &RedisModel, meta: &str) -> Option<String> {
+    use seckill_engine::adapters::embedded::Value;
+    model.read(|ks| match ks.get(meta.as_bytes()) {
+        Some(Value::Hash(h)) => h
+            .get(b"claim".as_slice())
+            .map(|c| String::from_utf8_lossy(c).into_owned()),
+        _ => None,
     })
 }
 
@@ -253,6 +289,8 @@ impl RedisStore {
             lost_reserves: Mutex::default(),
             key_lost_at: Mutex::default(),
             claims: Mutex::default(),
+            finishes: Mutex::default(),
+            stale_closes: Mutex::default(),
             lose_at_write: Mutex::default(),
             promoted: Mutex::default(),
             _alive: Alive::new(),
@@ -392,7 +430,33 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                     s.model
                         .read(|ks| whole(ks, crate::world::ACTIVITY, buckets, &run_id))
                 });
+            // warmup.lua's finish (KEYS meta; ARGV op, fence, epoch): the claim it finds.
+            let finishing = (req.args.first().map(String::as_str) == Some("finish") && req.keys.len() == 1)
+                .then(|| meta_claim(&s.model, &req.keys[0]));
+            // gate.lua's close (KEYS gate; ARGV op, fence, generation): the gate it finds.
+            let closing = (req.args.first().map(String::as_str) == Some("close") && req.keys.len() == 1)
+                .then(|| raw_string(&s.model, &req.keys[0]))
+                .flatten();
             let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
+            if let (Some(gate), Reply::Array(items)) = (closing, &reply) {
+                let newer = gate.split('|').nth(3).and_then(|g| g.parse::<u64>().ok())
+                    > req.args.get(2).and_then(|g| g.parse().ok());
+                if newer && matches!(items.first(), Some(Reply::Bulk(tag)) if tag == b"closed") {
+                    s.stale_closes.lock().expect("stale closes").push((
+                        f.elapsed(),
+                        req.args[1].clone(),
+                        gate,
+                    ));
+                }
+            }
+            if let (Some(held), Reply::Array(items)) = (finishing, &reply) {
+                s.finishes.lock().expect("finishes").push(FinishSeen {
+                    at: f.elapsed(),
+                    fence: req.args[1].clone(),
+                    held,
+                    finished: matches!(items.first(), Some(Reply::Bulk(tag)) if tag == b"finished"),
+                });
+            }
             if let (Some(whole), Reply::Array(items)) = (claiming, &reply) {
                 if let [Reply::Bulk(tag), Reply::Bulk(previous)] = items.as_slice() {
                     if tag == b"claimed" {

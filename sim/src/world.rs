@@ -182,6 +182,10 @@ pub enum Fault {
     /// purchases whose publish timed out find their reservation gone with the restart's window
     /// — an outcome nobody knows, which must not be answered "queued".
     BrokerDownAcrossRestart,
+    /// An API node paused until a recovery bumps the generation (and a little past it; at most
+    /// its hold), the heal sparing it: it wakes a zombie whose purchases publish orders of the
+    /// old generation, their outbox entries gone with the Redis loss the recovery is for.
+    EnginePauseAcrossBump,
 }
 
 /// A knob's probability while its window is open, else 0.
@@ -721,6 +725,13 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
+    // A runner's finish after another runner took its claim over (it stalled between its reopen
+    // and its finish past its lease): Redis tells it the claim was lost.
+    (
+        "finish_after_takeover_lost",
+        &[Scenario::CompetingRecoveries],
+        100,
+    ),
     // A runner's bump that reached the ledger after another runner's (delivered late, or sent
     // by a runner that stalled past its lease): the compare-and-set refuses it.
     (
@@ -1007,6 +1018,12 @@ struct World {
     /// Each gate's version when the checker last looked, since the Redis restart it notes.
     gate_versions: Mutex<(Option<Duration>, BTreeMap<u32, u64>)>,
     violated: Mutex<Option<Violated>>,
+    /// The wave of buyers aimed at a recovery runner's long stall (`aim_at_long_stalls`): its
+    /// clients once it ran, and whether it is still waiting or running.
+    stall_wave: Mutex<Vec<(NodeHandle, madsim::task::JoinHandle<()>)>>,
+    stall_wave_pending: std::sync::atomic::AtomicBool,
+    /// The API node `EnginePauseAcrossBump` holds paused (the heal leaves it so).
+    zombie: Mutex<Option<madsim::task::NodeId>>,
 }
 
 fn ip(s: &str) -> std::net::IpAddr {
@@ -1076,6 +1093,18 @@ impl Wave {
             net: "10.0.3",
             window_ms: cfg.sale_ms,
             clicks: workload(cfg),
+        }
+    }
+
+    /// Buyers while a recovery runner sleeps at a long fault point after another reopened the
+    /// sale: a tenth as many new users (ids neither other wave draws), one click each, over half
+    /// the sale's length.
+    fn stall(cfg: &SimConfig) -> Self {
+        Wave {
+            name: "stall-client",
+            net: "10.0.7",
+            window_ms: cfg.sale_ms / 2,
+            clicks: (0..cfg.users / 10).map(|i| UserId(3_500_000_000 + i)).collect(),
         }
     }
 
@@ -1188,13 +1217,30 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     // The long ones (far past a recovery's lease, once per run) on every other such seed: a
     // runner stalled that long leaves the recovery to another, whose later snapshot heals what
     // the stalled one would have got wrong (a stale order the ledger took shows in both).
-    let long = stalls && rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x10e6).gen_bool(0.5);
+    // Of the recovery's long fault points, the one before the bump (site 3, where a stale bump
+    // comes from) and one other per run: with all of them armed, the first runner slept at the
+    // first one it reached and its successor, as the heal disarmed them, at none — sites 0, 1
+    // and 4 fired in none of 200 runs of four scenarios. Site 5 (between the claim and the
+    // close) comes before site 3, so the first runner sleeps there; sites 0 (between the
+    // snapshot and the rebuild), 1 (before the reopen) and 4 (before the finish) come after it,
+    // so the successor of a runner asleep at site 3 sleeps there. The rebalancer's (site 2) is
+    // armed beside them.
+    let long = {
+        let mut draw = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x10e6);
+        let recovery_site = [5u32, 0, 1, 4][draw.gen_range(0..4)];
+        match stalls && draw.gen_bool(0.5) {
+            true => 1 << 2 | 1 << 3 | 1 << recovery_site,
+            false => 0,
+        }
+    };
     planted::enable_stalls(stalls.then_some(cfg.seed ^ 0x57a11), long);
     let handle = Handle::current();
     let faults = Arc::new(Faults::new());
     if stalls {
-        let long = if long { ", the long ones too" } else { "" };
-        faults.event(format!("engine fault points (stalls): on{long}"));
+        let sites: Vec<u32> = (0..64).filter(|s| long & 1 << s != 0).collect();
+        faults.event(format!(
+            "engine fault points (stalls): on, the long ones at sites {sites:?}"
+        ));
     }
     let act = activity(&cfg);
     let plan = StockPlan::new(&act);
@@ -1304,6 +1350,9 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         claims: Mutex::default(),
         gate_versions: Mutex::default(),
         violated: Mutex::new(None),
+        stall_wave: Mutex::default(),
+        stall_wave_pending: Default::default(),
+        zombie: Mutex::default(),
     });
     faults.event(format!(
         "world up: {} engines, {} consumers, {} clients",
@@ -1329,6 +1378,15 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     nemesis.abort();
     w.heal().await;
     let mut drained = if w.violated() { true } else { w.settle().await };
+    // The buyers aimed at a stalled runner's window may still be clicking once it woke.
+    while w.stall_wave_pending.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stall_wave = std::mem::take(&mut *w.stall_wave.lock().expect("stall wave"));
+    if !stall_wave.is_empty() && drained && !w.violated() {
+        drained = w.settle().await;
+    }
+    clients.extend(stall_wave);
     // A second wave of buyers once a recovery is behind the sale (settled: the activity open on
     // the recovery's epoch), for the units the payment timeout gave back: selling under a
     // generation a recovery bumped is otherwise never tried, the recoveries of a run finishing
@@ -1350,7 +1408,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     w.final_checks(drained).await;
     let report = w.report().await;
     w.tear_down(clients.iter().map(|(node, _)| node.id())).await;
-    planted::enable_stalls(None, false);
+    planted::enable_stalls(None, 0);
     report
 }
 
@@ -1358,8 +1416,35 @@ impl World {
     /// A rebalancer stalled long between its take and its ledger step (the long fault point at
     /// site 2): where the scenario restarts Redis, Redis restarts under it, so that a recovery
     /// rebuilds the buckets — the take undone, if Redis lost it or not — before it wakes up and
-    /// goes on with a transfer of the old generation.
+    /// goes on with a transfer of the old generation. A recovery runner stalled long (any other
+    /// site): once another runner has recovered and reopened the sale while it sleeps, a wave of
+    /// new buyers sells there, so that what the sleeper writes when it wakes (a bump, a rebuild
+    /// from its old snapshot, a reopen, a finish) meets buckets that sold since — the sales the
+    /// fences exist for. Without it the sale was over before any successor reopened.
     fn aim_at_long_stalls(self: &Arc<Self>) {
+        let (wave_tx, mut wave_rx) = tokio::sync::mpsc::unbounded_channel();
+        let w = self.clone();
+        tokio::spawn(async move {
+            // One wave per run: a second runner asleep (the successor of the first) gets none.
+            let mut waved = false;
+            while wave_rx.recv().await.is_some() {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+                while !waved && planted::stalled() > 0 && tokio::time::Instant::now() < deadline {
+                    if w.healthy() {
+                        w.faults
+                            .event("aimed: buyers while a recovery runner sleeps past its lease".into());
+                        let mut clients = w.spawn_clients(&Wave::stall(&w.cfg));
+                        w.wait_for(&mut clients).await;
+                        *w.stall_wave.lock().expect("stall wave") = clients;
+                        waved = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                w.stall_wave_pending
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+
         let restarts: Vec<Fault> = (self.cfg.scenario.faults().iter().copied())
             .filter(|f| {
                 matches!(
@@ -1368,19 +1453,25 @@ impl World {
                 )
             })
             .collect();
-        if restarts.is_empty() {
-            return;
-        }
         // The stall fires inside the jobs node (whose crash would take a task spawned there
         // with it): the world's own task injects.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let f = self.faults.clone();
+        let pending = self.clone();
         planted::on_long_stall(move |site| {
             f.fired(&format!("long_stall_{site}"));
             if site == 2 {
                 let _ = tx.send(());
+            } else if !pending
+                .stall_wave_pending
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                let _ = wave_tx.send(());
             }
         });
+        if restarts.is_empty() {
+            return;
+        }
         let w = self.clone();
         tokio::spawn(async move {
             while rx.recv().await.is_some() {
@@ -1544,6 +1635,62 @@ impl World {
             .collect()
     }
 
+    /// A recovery's finish is answered true: "finished" only to the runner whose own finish
+    /// ended its claim (this one, or its first run when a re-sent finish meets it again), and
+    /// "lost" only where it did not, or where another claim or a loss of Redis came since. A
+    /// runner told "finished" reports a recovery done — to the operator who asked for it, too
+    /// — while a successor holds the claim; one told "lost" reports a recovery that finished
+    /// as taken over.
+    fn finishes_answer_true(&self) -> Vec<inv::Violation> {
+        let finishes = self.redis.finishes.lock().expect("finishes").clone();
+        let claims = self.redis.claims.lock().expect("claims").clone();
+        let last_loss = self.redis.last_loss();
+        let mut out = Vec::new();
+        for (i, e) in finishes.iter().enumerate() {
+            let own =
+                |f: &crate::stores::FinishSeen| f.fence == e.fence && f.held.as_deref() == Some(&*f.fence);
+            let ended = finishes[..=i].iter().rev().find(|f| own(f)).map(|f| f.at);
+            if !e.finished && e.held.is_some() {
+                self.faults.cover("finish_after_takeover_lost");
+            }
+            let lie = match (e.finished, ended) {
+                (true, None) => Some("finished, though no finish of its own ended its claim"),
+                (false, Some(at)) => {
+                    let moved_on = claims.iter().any(|c| c.at >= at && c.at <= e.at)
+                        || last_loss.is_some_and(|l| l >= at);
+                    (!moved_on)
+                        .then_some("lost, though its own finish had ended its claim and nothing came since")
+                }
+                _ => None,
+            };
+            if let Some(lie) = lie {
+                out.push(inv::Violation {
+                    invariant: inv::Invariant::S7AnswersTrue,
+                    bucket: None,
+                    detail: format!(
+                        "Redis answered claim {}'s finish at {:?} (holding {:?}): {lie}",
+                        e.fence, e.at, e.held
+                    ),
+                });
+            }
+        }
+        out
+    }
+
+    /// S6 at the close: a recovery closes a gate only at its own generation or a newer one — a
+    /// runner whose claim read the registry before another recovery bumped it and reopened the
+    /// gate (it slept between its claim and its close) must not halt the sale again, and would
+    /// fence the gate with a claim a successor has already taken over.
+    fn closes_not_stale(&self) -> Vec<inv::Violation> {
+        (self.redis.stale_closes.lock().expect("stale closes").iter())
+            .map(|(at, fence, gate)| inv::Violation {
+                invariant: inv::Invariant::S6GenerationFenced,
+                bucket: None,
+                detail: format!("at {at:?} claim {fence} closed gate {gate}, reopened at a newer generation than the claim's"),
+            })
+            .collect()
+    }
+
     /// DESIGN §5 on the bus: the worker group commits an offset only after a ledger transaction
     /// that carried its record committed (or after the record went to the dead letters). A
     /// record committed unapplied is skipped for good: no worker reads it again, and only the
@@ -1601,14 +1748,10 @@ impl World {
 
     /// The recovery claim the meta holds now (read raw).
     fn raw_claim(&self) -> Option<String> {
-        use seckill_engine::adapters::embedded::Value;
-        let key = seckill_engine::adapters::script::meta_key(ACTIVITY);
-        self.redis.model.read(|ks| match ks.get(key.as_bytes()) {
-            Some(Value::Hash(h)) => h
-                .get(b"claim".as_slice())
-                .map(|c| String::from_utf8_lossy(c).into_owned()),
-            _ => None,
-        })
+        crate::stores::meta_claim(
+            &self.redis.model,
+            &seckill_engine::adapters::script::meta_key(ACTIVITY),
+        )
     }
 
     /// Every bucket has a stock key (read raw).
@@ -2143,7 +2286,7 @@ impl World {
             // were lost, and before the reconciler's republish age, so it still finds them (a
             // seed whose timings leave no room between the two gets the other pair).
             Scenario::CompetingRecoveries
-                if thread_rng().gen_bool(0.65)
+                if thread_rng().gen_bool(0.5)
                     && self.timings.republish_after_ms > self.timings.aof_window_ms + 300 =>
             {
                 // Past the window's end by more than the AOF window: the restart keeps every
@@ -2167,13 +2310,11 @@ impl World {
                     (0, Fault::DeadlockInRecovery, 0),
                 ]
             }
-            // The pause ends after the recovery bumped the generation (its publish window, and
-            // a little for detection, drain and rebuild), and the quiet lasts until the zombie's
-            // publishes landed: a later loss would start a recovery whose snapshot takes them in.
+            // The pause ends after the recovery bumped the generation, however long the faults
+            // in it make the recovery (a pause of a fixed length mostly ended before the bump).
             Scenario::CompetingRecoveries => {
-                let quiesce = self.timings.recovery().quiesce.as_millis() as u64;
                 vec![
-                    (ms(50..300), Fault::EnginePause, quiesce + ms(400..1_000)),
+                    (ms(50..300), Fault::EnginePauseAcrossBump, 20_000),
                     (ms(0..50), Fault::RedisRestartVolatile, 0),
                     (0, Fault::DeliveredLateInRecovery, 0),
                     (0, Fault::LedgerStalledInRecovery, 0),
@@ -2192,7 +2333,11 @@ impl World {
             // Long enough for the recovery the pair starts to wait out its publish window and
             // reach its rescue before a random fault (another restart, a paused runner) cuts it.
             Scenario::CompetingRecoveries => {
-                aimed[0].2 + self.timings.recovery().quiesce.as_millis() as u64 + ms(300..800)
+                let first = match aimed[0].1 {
+                    Fault::EnginePauseAcrossBump => 0,
+                    _ => aimed[0].2,
+                };
+                first + self.timings.recovery().quiesce.as_millis() as u64 + ms(300..800)
             }
             _ => 0,
         };
@@ -2428,6 +2573,27 @@ impl World {
             Fault::EnginePause => {
                 let (w, id) = (self.clone(), pick(&self.engines));
                 let task = tokio::spawn(async move { w.pause_for(id, "engine_pause", hold).await });
+                self.background.lock().expect("background").push(task);
+            }
+            Fault::EnginePauseAcrossBump => {
+                let (w, id) = (self.clone(), pick(&self.engines));
+                *self.zombie.lock().expect("zombie") = Some(id);
+                let task = tokio::spawn(async move {
+                    let bumps = || w.ledger_log.bumps.lock().expect("ledger log").len();
+                    let before = bumps();
+                    w.faults.fired("engine_pause_across_bump");
+                    w.faults.event(
+                        "engine_pause_across_bump: node paused until a recovery bumps the generation".into(),
+                    );
+                    w.handle.pause(id);
+                    let deadline = tokio::time::Instant::now() + hold;
+                    while bumps() == before && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(0..300))).await;
+                    w.handle.resume(id);
+                    *w.zombie.lock().expect("zombie") = None;
+                });
                 self.background.lock().expect("background").push(task);
             }
             Fault::JobsPause => {
@@ -2766,9 +2932,12 @@ impl World {
                 net.unclog_link(a.id(), b.id());
             }
         }
+        let zombie = *self.zombie.lock().expect("zombie");
         for n in nodes {
             net.unclog_node(n.id());
-            self.handle.resume(n.id());
+            if Some(n.id()) != zombie {
+                self.handle.resume(n.id());
+            }
             if self.handle.is_exit(n.id()) {
                 self.handle.restart(n.id());
             }
@@ -2818,6 +2987,9 @@ impl World {
         let stalled = planted::stalled();
         if stalled > 0 {
             return format!("{stalled} processes asleep at a fault point");
+        }
+        if self.zombie.lock().expect("zombie").is_some() {
+            return "an API node paused until a recovery's bump".into();
         }
         let held = self.faults.held_back_left();
         if !held.is_zero() {
@@ -3082,6 +3254,8 @@ impl World {
         self.record(self.stale_orders_refused(), Verdict::Safety);
         self.record(self.commits_after_apply(), Verdict::Safety);
         self.record(self.recoveries_have_a_cause(), Verdict::Safety);
+        self.record(self.finishes_answer_true(), Verdict::Safety);
+        self.record(self.closes_not_stale(), Verdict::Safety);
         self.cover_late_records(&db);
         let checks = self.cfg.scenario.checks(self.cfg.jobs);
         let mut live = Vec::new();

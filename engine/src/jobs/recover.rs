@@ -470,6 +470,14 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     cause: String,
 ) -> PortResult<RecoveryReport> {
     let fence = held.fence;
+    // Fault point: a runner stalled between its claim and its close, at most once per run and
+    // past its lease: another runner takes over, recovers and reopens meanwhile, and this one's
+    // close must not halt the sale again.
+    #[cfg(madsim)]
+    {
+        let floor = Duration::from_millis(lease_ms(cfg)) + cfg.quiesce * 2 + Duration::from_secs(1);
+        crate::planted::stall_once_past(5, 1, floor, floor + Duration::from_secs(5)).await;
+    }
     if !cache.close_gates(plan, fence, held.generation).await? && !unfenced() {
         return Err(PortError::determinate(
             "recover",
@@ -669,6 +677,14 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
                 format!("bucket {b}: its gate carries another claim than {fence}"),
             ));
         }
+    }
+    // Fault point: a runner stalled between its reopen and its finish, at most once per run and
+    // past its lease: another runner takes the claim over (and may finish it) meanwhile, and
+    // this one must be told its claim was lost, not that its recovery finished.
+    #[cfg(madsim)]
+    {
+        let floor = Duration::from_millis(lease_ms(cfg)) + Duration::from_secs(1);
+        crate::planted::stall_once_past(4, 1, floor, floor + Duration::from_secs(5)).await;
     }
     if !cache.finish(plan, fence, &held.epoch).await? && !unfenced() {
         return Err(PortError::determinate(

@@ -197,12 +197,14 @@ fn every_scenario_replays_identically() {
 
 /// A run's schedule replays the run: the same report, fault for fault, when the schedule is given
 /// instead of drawn (what makes a shrunk schedule mean anything); and it reads back as printed.
+/// (Seeds whose runs inject a fault in every scenario: a skewed run's nemesis stops halfway
+/// through the sale, and on some seeds before its first fault.)
 #[test]
 fn a_run_replays_from_its_own_schedule() {
     let faulty = <Scenario as clap::ValueEnum>::value_variants()
         .iter()
         .filter(|s| **s != Scenario::Calm);
-    for (seed, &scenario) in (3..).zip(faulty) {
+    for (seed, &scenario) in (5..).zip(faulty) {
         let cfg = SimConfig::small(seed, scenario);
         let drawn = world::run(&cfg);
         assert!(!drawn.schedule.is_empty(), "{scenario:?}: no fault was injected");
@@ -226,8 +228,8 @@ fn a_run_replays_from_its_own_schedule() {
 }
 
 /// `shrink` takes a failing run down to the faults it needs: a planted bug (a rebuild that does
-/// not wait for the publishes in flight) caught on seed 6 after several faults needs a handful
-/// (the broker down across a Redis restart: one), and the shrunk run fails again from its replay
+/// not wait for the publishes in flight) caught on seed 2 after several faults needs a handful
+/// (a Redis restart that loses the last AOF window: one), and the shrunk run fails again from its replay
 /// command. (A seed whose draws
 /// change — a new fault type, a new drawn timing — may stop catching it: pick another with
 /// `seckill-sim shrink --scenario redis-loss --planted rebuild_while_in_flight --seed N`.)
@@ -235,9 +237,9 @@ fn a_run_replays_from_its_own_schedule() {
 fn a_failing_run_shrinks_to_a_handful_of_faults() {
     let cfg = SimConfig {
         planted: Some(Bug::RebuildWhileInFlight),
-        ..SimConfig::small(6, Scenario::RedisLoss)
+        ..SimConfig::small(2, Scenario::RedisLoss)
     };
-    let s = world::shrink(&cfg).expect("seed 6 catches the planted bug");
+    let s = world::shrink(&cfg).expect("seed 2 catches the planted bug");
     assert!(s.report.verdict != Verdict::Ok);
     assert!(s.from > 5, "the original run had {} faults", s.from);
     assert!(s.report.schedule.len() <= 5, "{:?}", s.report.schedule);
