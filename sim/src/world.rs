@@ -40,8 +40,14 @@ const PARTITIONS: u32 = 4;
 const JOBS_NODES: usize = 2;
 /// How often the checker looks during the sale and settle (simulated time).
 const CHECK_EVERY: Duration = Duration::from_millis(25);
-/// Settle gives up after this long (simulated): then the bus never drained.
+/// Settle gives up after this long (simulated), not counting the time a process sleeps at a
+/// long fault point or an API node is held paused until a bump: then the bus never drained.
 const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+/// The recovery's long fault points (`planted::stall_once` sites, see `world`) besides the one
+/// before its bump (site 3), which is armed with one of these.
+const RECOVERY_LATE_SITES: [u32; 4] = [5, 0, 1, 4];
+/// Every long fault point of the recovery, as a mask of sites.
+const RECOVERY_LONG_SITES: u64 = 1 << 0 | 1 << 1 | 1 << 3 | 1 << 4 | 1 << 5;
 
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize, clap::ValueEnum,
@@ -1227,7 +1233,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     // armed beside them.
     let long = {
         let mut draw = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x10e6);
-        let recovery_site = [5u32, 0, 1, 4][draw.gen_range(0..4)];
+        let recovery_site = RECOVERY_LATE_SITES[draw.gen_range(0..RECOVERY_LATE_SITES.len())];
         match stalls && draw.gen_bool(0.5) {
             true => 1 << 2 | 1 << 3 | 1 << recovery_site,
             false => 0,
@@ -2923,7 +2929,10 @@ impl World {
     /// Undo every fault: knobs off, links healed, every node running.
     async fn heal(&self) {
         self.faults.knobs_off();
-        planted::stop_stalls();
+        // The recovery's long fault points stay armed through the heal (the recovery the faults
+        // started runs after it); the rebalancer's does not (the world aims a Redis restart at
+        // it: a fault after the heal).
+        planted::stop_stalls(RECOVERY_LONG_SITES);
         let net = NetSim::current();
         net.update_config(|c| c.packet_loss_rate = 0.0);
         let nodes: Vec<&NodeHandle> = self.nodes().collect();
@@ -2952,12 +2961,17 @@ impl World {
     /// Wait for quiescence: the bus drained, nothing open or pending in Redis, every cancelled
     /// unit back, and the activity open on the current Redis epoch — three looks in a row.
     async fn settle(&self) -> bool {
-        let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
+        let mut deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
         let mut quiet = 0;
         let mut why = String::new();
         let operated = self.cfg.scenario.faults().contains(&Fault::OperatorPause);
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
+            // A sleep at a long fault point (each fires once at most) or a zombie held until a
+            // bump (at most its hold) is the faults' time, not the engine's.
+            if planted::stalled() > 0 || self.zombie.lock().expect("zombie").is_some() {
+                deadline += Duration::from_millis(50);
+            }
             // An operator's pause still in flight when the nemesis stopped can land after the
             // heal's resume (its caller gave up, the API node carried on): the operator sees the
             // registry paused and resumes again, as one would.
