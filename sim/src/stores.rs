@@ -10,7 +10,7 @@ use crate::rpc::{self, addr};
 use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
 use seckill_engine::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
-use seckill_engine::adapters::script::{Reply, ScriptConn};
+use seckill_engine::adapters::script::{parse_gate, Reply, ScriptConn};
 use seckill_engine::domain::{
     Activity, ActivityId, ActivityState, Reservation, ReservationId, StockPlan, UserId,
 };
@@ -211,6 +211,17 @@ fn whole(ks: &Keyspace, activity: ActivityId, buckets: u32, run_id: &str) -> boo
     })
 }
 
+/// A script's answer tag: the first element of its array reply.
+fn reply_tag(reply: &Reply) -> Option<&[u8]> {
+    match reply {
+        Reply::Array(items) => match items.first() {
+            Some(Reply::Bulk(tag)) => Some(tag.as_slice()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// A string key's value, if it holds one (read raw).
 fn raw_string(model: &RedisModel, key: &str) -> Option<String> {
     use seckill_engine::adapters::embedded::Value;
@@ -323,12 +334,9 @@ impl RedisStore {
 /// Coverage of the "already done" branches a script's second run takes (a re-sent script:
 /// `RedisResend`): each must answer what its first run did and change nothing.
 fn cover_rerun(f: &Faults, req: &rpc::EvalSha, reply: &Reply) {
-    let Reply::Array(items) = reply else { return };
-    let Some(Reply::Bulk(tag)) = items.first() else {
-        return;
-    };
+    let Some(tag) = reply_tag(reply) else { return };
     let op = req.args.first().map(String::as_str).unwrap_or("");
-    let target = match (op, tag.as_slice()) {
+    let target = match (op, tag) {
         ("own" | "fallback", b"reserved") => "rerun_reserve_kept",
         ("unpublished" | "rejected" | "cancelled", b"absent") => "rerun_release_absent",
         ("take" | "give", b"exists") => "rerun_transfer_exists",
@@ -422,26 +430,28 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                     s.lose_key(&req.keys[0], f.elapsed());
                 }
             }
+            // The one-key ops of warmup.lua and gate.lua whose answers the checks hold to what
+            // the op found.
+            let one_key_op =
+                |name: &str| req.args.first().map(String::as_str) == Some(name) && req.keys.len() == 1;
             // warmup.lua's claim (KEYS meta; ARGV op, fence, lease, version, buckets).
-            let claiming = (req.args.first().map(String::as_str) == Some("claim") && req.keys.len() == 1)
-                .then(|| {
-                    let buckets = req.args.get(4).and_then(|n| n.parse().ok()).unwrap_or(0);
-                    let run_id = s.model.run_id();
-                    s.model
-                        .read(|ks| whole(ks, crate::world::ACTIVITY, buckets, &run_id))
-                });
+            let claiming = one_key_op("claim").then(|| {
+                let buckets = req.args.get(4).and_then(|n| n.parse().ok()).unwrap_or(0);
+                let run_id = s.model.run_id();
+                s.model
+                    .read(|ks| whole(ks, crate::world::ACTIVITY, buckets, &run_id))
+            });
             // warmup.lua's finish (KEYS meta; ARGV op, fence, epoch): the claim it finds.
-            let finishing = (req.args.first().map(String::as_str) == Some("finish") && req.keys.len() == 1)
-                .then(|| meta_claim(&s.model, &req.keys[0]));
+            let finishing = one_key_op("finish").then(|| meta_claim(&s.model, &req.keys[0]));
             // gate.lua's close (KEYS gate; ARGV op, fence, generation): the gate it finds.
-            let closing = (req.args.first().map(String::as_str) == Some("close") && req.keys.len() == 1)
+            let closing = one_key_op("close")
                 .then(|| raw_string(&s.model, &req.keys[0]))
                 .flatten();
             let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
-            if let (Some(gate), Reply::Array(items)) = (closing, &reply) {
-                let newer = gate.split('|').nth(3).and_then(|g| g.parse::<u64>().ok())
-                    > req.args.get(2).and_then(|g| g.parse().ok());
-                if newer && matches!(items.first(), Some(Reply::Bulk(tag)) if tag == b"closed") {
+            let tag = reply_tag(&reply);
+            if let Some(gate) = closing.filter(|_| tag == Some(b"closed".as_slice())) {
+                let generation = |g: &str| parse_gate(g).map(|g| g.generation);
+                if generation(&gate) > req.args.get(2).and_then(|g| g.parse().ok()) {
                     s.stale_closes.lock().expect("stale closes").push((
                         f.elapsed(),
                         req.args[1].clone(),
@@ -449,12 +459,12 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                     ));
                 }
             }
-            if let (Some(held), Reply::Array(items)) = (finishing, &reply) {
+            if let Some(held) = finishing.filter(|_| tag.is_some()) {
                 s.finishes.lock().expect("finishes").push(FinishSeen {
                     at: f.elapsed(),
                     fence: req.args[1].clone(),
                     held,
-                    finished: matches!(items.first(), Some(Reply::Bulk(tag)) if tag == b"finished"),
+                    finished: tag == Some(b"finished".as_slice()),
                 });
             }
             if let (Some(whole), Reply::Array(items)) = (claiming, &reply) {

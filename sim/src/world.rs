@@ -43,11 +43,21 @@ const CHECK_EVERY: Duration = Duration::from_millis(25);
 /// Settle gives up after this long (simulated), not counting the time a process sleeps at a
 /// long fault point or an API node is held paused until a bump: then the bus never drained.
 const SETTLE_LIMIT: Duration = Duration::from_secs(30);
-/// The recovery's long fault points (`planted::stall_once` sites, see `world`) besides the one
-/// before its bump (site 3), which is armed with one of these.
+/// The long fault point (`planted::stall_once` site) before a recovery's bump.
+const BUMP_SITE: u32 = 3;
+/// The rebalancer's long fault point, between its take and its ledger step.
+const REBALANCE_SITE: u32 = 2;
+/// The recovery's other long fault points (see `world`), one of which is armed with `BUMP_SITE`.
 const RECOVERY_LATE_SITES: [u32; 4] = [5, 0, 1, 4];
 /// Every long fault point of the recovery, as a mask of sites.
-const RECOVERY_LONG_SITES: u64 = 1 << 0 | 1 << 1 | 1 << 3 | 1 << 4 | 1 << 5;
+const RECOVERY_LONG_SITES: u64 = {
+    let (mut mask, mut i) = (1 << BUMP_SITE, 0);
+    while i < RECOVERY_LATE_SITES.len() {
+        mask |= 1 << RECOVERY_LATE_SITES[i];
+        i += 1;
+    }
+    mask
+};
 
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize, clap::ValueEnum,
@@ -1235,7 +1245,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         let mut draw = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x10e6);
         let recovery_site = RECOVERY_LATE_SITES[draw.gen_range(0..RECOVERY_LATE_SITES.len())];
         match stalls && draw.gen_bool(0.5) {
-            true => 1 << 2 | 1 << 3 | 1 << recovery_site,
+            true => 1 << REBALANCE_SITE | 1 << BUMP_SITE | 1 << recovery_site,
             false => 0,
         }
     };
@@ -1466,7 +1476,7 @@ impl World {
         let pending = self.clone();
         planted::on_long_stall(move |site| {
             f.fired(&format!("long_stall_{site}"));
-            if site == 2 {
+            if site == REBALANCE_SITE {
                 let _ = tx.send(());
             } else if !pending
                 .stall_wave_pending
