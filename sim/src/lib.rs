@@ -9,7 +9,8 @@
 //!   MySQL node (the embedded ledger, durable) and our own Kafka node (partitioned durable log,
 //!   key hashing, group offsets that survive restarts, a dead-letter topic), each with its faults;
 //! - `nodes`: engine and consumer nodes running `PurchaseService` and `OrderConsumer`;
-//! - `world`: clients, the nemesis over the fault catalog, the continuous checker, the report;
+//! - `world`: one run's phases, with the scenarios, workload, nemesis, oracles, coverage and
+//!   shrinking as its modules;
 //! - `faults`: knobs, counters, trace;
 //! - `args`: a run's command line, which a failure's replay command round-trips through.
 //!
