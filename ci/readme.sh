@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The README's copy-pasteable commands, run as a newcomer runs them: the words are taken from
-# README.md itself (not from a copy here), from the root of the clone. A green test suite once hid
-# a run command that did not run (issue 13): every test ran `target/release/seckill`, never the
-# README's words. Needs nothing but cargo; ci/test.sh runs it.
+# The README's (and docs/usage.md's) copy-pasteable commands, run as a newcomer runs them: the
+# words are taken from the documents themselves (not from a copy here), from the root of the
+# clone. A green test suite once hid a run command that did not run (issue 13): every test ran
+# `target/release/seckill`, never the README's words. Then the documents' links and the
+# simulation's catalogue. Needs cargo, python3 and, for the sale on the real stores, the stores
+# ci/services.sh starts; ci/test.sh runs it after starting them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail() { echo "readme: $*" >&2; exit 1; }
 
-# Code blocks of one README section ("## <title>"), numbered from 0: "<n>: <line>".
+# Code blocks of one section ("## <title>") of a file (README.md unless given), numbered from 0:
+# "<n>: <line>".
 blocks() {
   awk -v title="$1" 'BEGIN { n = 0 }
     index($0, "## " title) == 1 { s = 1; next }
     s && /^## / { exit }
     s && /^```/ { inb = !inb; if (!inb) n++; next }
-    s && inb { print n ": " $0 }' README.md
+    s && inb { print n ": " $0 }' "${2:-README.md}"
 }
 
 # 1. "Set up on a fresh machine": exactly two commands, the run command and the test command.
@@ -56,9 +59,9 @@ claim '`--skew 0.9` sells all 1,000 units with 149' "--skew 0.9" "rebalancer: 14
 claim '`--skew 0.99 --no-rebalance` leaves 607 unsold' "--skew 0.99 --no-rebalance" "(607 left in redis)"
 claim 'with rebalancing 2 are left' "--skew 0.99" "(2 left in redis)"
 
-# 4. Every flag of every synopsis ("seckill <cmd> [--flag ...]" in a code block) is one the
-# command's --help lists, and a bad flag is refused by name (exit 2).
-synopses=$(awk '/^```/ { inb = !inb; next } inb' README.md | awk '
+# 4. Every flag of every synopsis ("seckill <cmd> [--flag ...]" in a code block of the README or
+# docs/usage.md) is one the command's --help lists, and a bad flag is refused by name (exit 2).
+synopses=$(for f in README.md docs/usage.md; do awk '/^```/ { inb = !inb; next } inb' "$f"; done | awk '
   /^seckill [a-z]+ / { cmd = $2 } /^seckill [a-z]+ / || (/^ +\[--/ && cmd) { print cmd " " $0; next } { cmd = "" }')
 for cmd in $(awk '{print $1}' <<< "$synopses" | sort -u); do
   help=$(seckill "$cmd" --help) || fail "seckill $cmd --help exited $?"
@@ -79,14 +82,14 @@ for preset in seed-funnel-500k seed-100k; do
   echo "seckill plan --preset $preset: ok"
 done
 
-# 6. The HTTP session of the serve section, word for word, on the embedded default: every "$ "
+# 6. The HTTP session of docs/usage.md's serve section, word for word, on the embedded default: every "$ "
 # line runs in one shell, in order (the first starts the server in the background); each answer
 # must be the README's line after its command, but for the values that change every run (the
 # token, the reservation id, the expiry time).
 session=$(awk '/^## `seckill serve`/ { s = 1; next } s && /^## / { exit }
   s && /^```/ { if (inb) { if (hit) { printf "%s", buf; exit } buf = ""; inb = 0 } else inb = 1; next }
-  s && inb { buf = buf $0 "\n"; if (index($0, "seckill serve &")) hit = 1 }' README.md)
-[ -n "$session" ] || fail "the serve section has no session with 'seckill serve &'"
+  s && inb { buf = buf $0 "\n"; if (index($0, "seckill serve &")) hit = 1 }' docs/usage.md)
+[ -n "$session" ] || fail "docs/usage.md's serve section has no session with 'seckill serve &'"
 script=$(mktemp) expected_out=$(mktemp) got_out=$(mktemp)
 {
   echo "set -euo pipefail"
@@ -119,4 +122,67 @@ norm() { grep -v '^{"timestamp"' "$1" | sed -E 's/"(token|reservation_id)":"[^"]
 diff <(norm "$expected_out") <(norm "$got_out") || fail "the serve section's session no longer answers what the README shows"
 echo "the serve section's session answers what the README shows"
 rm -f "$script" "$expected_out" "$got_out"
+
+# 7. The README's sale on the real stores, word for word, on the stores ci/test.sh started (the
+# block's ci/services.sh finds them answering): its commands in one shell, then the audit it
+# names once the workers have applied every order. The sale must have queued and sold units and
+# the audit must end "invariants: ok".
+sale=$(blocks "A sale on the real stores" | sed -n 's/^0: //p')
+[ -n "$sale" ] || fail "the README has no command block under 'A sale on the real stores'"
+script=$(mktemp)
+{
+  echo "set -euo pipefail"
+  echo 'server=""'
+  echo 'stop() { [ -n "$server" ] || return 0; for p in $(awk -v pp="$server" '"'"'$4 == pp { print $1 }'"'"' /proc/[0-9]*/stat 2>/dev/null); do kill "$p" 2>/dev/null || true; done; kill "$server" 2>/dev/null || true; }'
+  echo 'trap stop EXIT'
+  while IFS= read -r line; do
+    printf '%s\n' "$line"
+    [[ "$line" == *'&' ]] && echo 'server=$!'
+  done <<< "$sale"
+  # The audit checks R1 only once the consumer group has nothing left to apply.
+  echo 'for _ in $(seq 60); do out=$('"$base"' audit --activity "$A") || true; grep -q "consumer lag 0" <<< "$out" && break; sleep 1; done'
+  echo 'printf "%s\n" "$out"'
+} > "$script"
+echo "\$ (the README's sale on the real stores, $(grep -c . <<< "$sale") lines, then seckill audit)"
+got=$(bash "$script" 2>&1) || fail "the README's sale on the real stores exited $? (script: $script): $(tail -n 5 <<< "$got")"
+printf '%s\n' "$got" | grep -vE '^\[services\]' | tail -n 25
+grep -qE '^ +202 queued +[1-9]' <<< "$got" || fail "the README's sale on the real stores queued nothing"
+[ "$(tail -n 1 <<< "$got")" = "invariants: ok" ] || fail "the audit after the README's sale did not end with 'invariants: ok'"
+rm -f "$script"
+
+# 8. Every link between the documents points at a file of the repository, and an anchor at one
+# of its headings (as GitHub derives them).
+python3 - <<'PY' || fail "a broken link (above)"
+import pathlib, re, sys
+def anchors(path):
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", path.read_text(encoding="utf-8"), re.M)}
+bad = 0
+for doc in [pathlib.Path("README.md"), *sorted(pathlib.Path("docs").glob("*.md"))]:
+    for link in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+://", link):
+            continue
+        target, _, anchor = link.partition("#")
+        path = (doc.parent / target).resolve() if target else doc.resolve()
+        if not path.exists():
+            print(f"{doc}: link to {link}: no such file", file=sys.stderr); bad += 1
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            print(f"{doc}: link to {link}: no such heading", file=sys.stderr); bad += 1
+sys.exit(1 if bad else 0)
+PY
+echo "readme: every link between the documents resolves"
+# 9. docs/simulation.md's catalogue lists every fault type (the `Fault` enum, by its name in a
+# schedule) and every coverage target (`COVERAGE_TARGETS`), each in the first column of a row.
+python3 - <<'PY' || fail "docs/simulation.md's catalogue is not complete (above)"
+import re, sys
+enum = re.search(r"pub enum Fault \{(.*?)\n\}", open("sim/src/world/fault.rs", encoding="utf-8").read(), re.S).group(1)
+faults = [re.sub(r"(?<!^)([A-Z])", r"_\1", v).lower() for v in re.findall(r"^    ([A-Z]\w*),$", enum, re.M)]
+targets = re.findall(r'^\s*\(?\s*"([a-z_0-9]+)",', open("sim/src/world/coverage.rs", encoding="utf-8").read(), re.M)
+rows = set(re.findall(r"^\| `([a-z_0-9]+)` \|", open("docs/simulation.md", encoding="utf-8").read(), re.M))
+missing = [n for n in faults + targets if n not in rows]
+for n in missing:
+    print(f"docs/simulation.md: no catalogue row for `{n}`", file=sys.stderr)
+print(f"{len(faults)} faults, {len(targets)} coverage targets in the catalogue")
+sys.exit(1 if missing or not faults or not targets else 0)
+PY
 echo "readme: every command checked"

@@ -24,7 +24,7 @@ rustc --version
 step "format"
 cargo fmt --all -- --check
 
-step "the README's commands, word for word (run command, demo example, synopses, plan presets)"
+step "the README's and docs/usage.md's commands, word for word (run command, demo example, synopses, plan presets, the serve session, the sale on the real stores), and the documents' links and catalogue"
 ci/readme.sh
 
 step "clippy"

@@ -161,7 +161,7 @@ async fn an_activity_created_on_one_process_is_bought_and_paused_through_another
     assert_eq!(w.violations().await, Vec::<String>::new());
 }
 
-/// Finding 2: after Redis lost everything, a restarted process and the warmup the README
+/// Finding 2: after Redis lost everything, a restarted process and the warmup the runbook
 /// prescribes refilled every bucket from the plan although units were sold (R1 violated), and a
 /// user who held an order was told "queued" again.
 #[tokio::test(start_paused = true)]

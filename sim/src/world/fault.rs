@@ -48,7 +48,7 @@ pub enum Fault {
     PauseInRecovery,
     /// Redis restarts empty, every API node restarts, the operator warms the activity up.
     FullLossRestart,
-    /// The operator runs the README's warmup again mid-sale (a deploy job re-running its steps):
+    /// The operator runs the warmup again mid-sale (a deploy job re-running its steps):
     /// on a Redis that lost nothing it must leave every bucket as it is.
     OperatorWarmup,
     /// The broker loses records after their ack for as long as the next recovery runs (its

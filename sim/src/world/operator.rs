@@ -1,5 +1,5 @@
 //! The operator at work through the admin API: pause, resume, close, and the warmup after a
-//! full loss (the sequence the README prescribes).
+//! full loss (the sequence the runbook allows, docs/operations.md).
 
 use super::{Verdict, World};
 use crate::rpc::{self, engine_addr};
@@ -90,7 +90,7 @@ impl World {
     }
 
     /// Redis restarts with nothing, every API node restarts, and the operator calls warmup
-    /// through one of them (retrying until it answers) — the README's sequence.
+    /// through one of them (retrying until it answers) — the runbook's sequence.
     pub(super) async fn full_loss_restart(&self) {
         self.faults.fired("full_loss_restart");
         self.redis.set_restart_mode(Persistence::Volatile);

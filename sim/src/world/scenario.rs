@@ -40,7 +40,7 @@ pub enum Scenario {
     Operator,
     /// Redis loses everything, every API node restarts (half the time the job runners are down
     /// until it is done), and the operator calls warmup through one of them — the sequence the
-    /// README prescribes — while records go missing.
+    /// runbook allows (docs/operations.md) — while records go missing.
     FullLossRestart,
     /// Both job runners detect the same losses; runners are paused past their claim's lease
     /// and API nodes past the delivery timeout (they wake up as zombies), and crash.

@@ -106,7 +106,7 @@ fn operator() {
     sweep(Scenario::Operator);
 }
 
-/// The README's sequence after a full Redis loss: restart, warmup. Recovery needs the jobs.
+/// The runbook's sequence after a full Redis loss: restart, warmup. Recovery needs the jobs.
 #[test]
 fn full_loss_restart() {
     for seed in SEEDS {
