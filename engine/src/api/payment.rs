@@ -6,7 +6,8 @@
 
 use super::body::{field_error, FieldError};
 use crate::domain::ReservationId;
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::digest::KeyInit;
+use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;

@@ -7,7 +7,8 @@
 
 use crate::domain::{ActivityId, UserId};
 use base64::Engine;
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::digest::KeyInit;
+use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
