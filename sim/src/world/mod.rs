@@ -166,6 +166,9 @@ struct World {
     stall_wave_pending: std::sync::atomic::AtomicBool,
     /// The API node `EnginePauseAcrossBump` holds paused (the heal leaves it so).
     zombie: Mutex<Option<madsim::task::NodeId>>,
+    /// Operator sequences still waiting for their answer (`full_loss_restart`): the world waits
+    /// for them before its final checks, so that every answer is checked.
+    operator_pending: std::sync::atomic::AtomicUsize,
 }
 
 fn ip(s: &str) -> std::net::IpAddr {
@@ -337,6 +340,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         stall_wave: Mutex::default(),
         stall_wave_pending: Default::default(),
         zombie: Mutex::default(),
+        operator_pending: Default::default(),
     });
     faults.event(format!(
         "world up: {} engines, {} consumers, {} clients",
@@ -362,12 +366,16 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     nemesis.abort();
     w.heal().await;
     let mut drained = if w.violated() { true } else { w.settle().await };
-    // The buyers aimed at a stalled runner's window may still be clicking once it woke.
-    while w.stall_wave_pending.load(std::sync::atomic::Ordering::SeqCst) {
+    // The buyers aimed at a stalled runner's window may still be clicking once it woke, and an
+    // operator's warmup may still be waiting for its answer (its recovery outlasts the sale).
+    let operator_was_busy = w.operator_pending.load(std::sync::atomic::Ordering::SeqCst) > 0;
+    while w.stall_wave_pending.load(std::sync::atomic::Ordering::SeqCst)
+        || w.operator_pending.load(std::sync::atomic::Ordering::SeqCst) > 0
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let stall_wave = std::mem::take(&mut *w.stall_wave.lock().expect("stall wave"));
-    if !stall_wave.is_empty() && drained && !w.violated() {
+    if (!stall_wave.is_empty() || operator_was_busy) && drained && !w.violated() {
         drained = w.settle().await;
     }
     clients.extend(stall_wave);

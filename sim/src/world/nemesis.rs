@@ -327,7 +327,19 @@ impl World {
                 });
                 self.background.lock().expect("background").push(task);
             }
-            Fault::FullLossRestart => self.full_loss_restart().await,
+            // In the background: the warmup's recovery outlasts the sale (and the nemesis), and
+            // its answer must still be checked.
+            Fault::FullLossRestart => {
+                self.operator_pending
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let w = self.clone();
+                let task = tokio::spawn(async move {
+                    w.full_loss_restart().await;
+                    w.operator_pending
+                        .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                });
+                self.background.lock().expect("background").push(task);
+            }
             Fault::MqLoseInRecovery => self.window_in_recovery("mq_lose_after_ack", lose_after_ack),
             Fault::MqLateInRecovery => self.window_in_recovery("mq_visible_late", visible_late),
             Fault::LedgerStalledInRecovery => {
@@ -479,7 +491,12 @@ impl World {
                     Fault::MqLoseAfterAck => ("mq_lose_after_ack", lose_after_ack),
                     Fault::RedisLatency => ("redis_latency", |k, on| k.redis_latency = delay(60, on)),
                     Fault::MqRewindFail => ("mq_rewind_fail", |k, on| k.mq_rewind_fail = prob(0.7, on)),
-                    _ => ("redis_slow_script", |k, on| k.redis_slow_script = prob(0.05, on)),
+                    Fault::RedisSlowScript => {
+                        ("redis_slow_script", |k, on| k.redis_slow_script = prob(0.05, on))
+                    }
+                    // A fault with neither an arm above nor a knob here would otherwise pass for
+                    // another one: a crashed world says so at once.
+                    other => panic!("fault {other:?} has no arm in World::inject"),
                 };
                 f.event(format!("window {name} for {} ms", hold.as_millis()));
                 // Windows whose effect is a delay count when opened; the others count per hit.

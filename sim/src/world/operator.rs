@@ -111,7 +111,8 @@ impl World {
         }
         self.operator_warmup().await;
         if site_down {
-            for j in &self.jobs_nodes {
+            // Unless the heal brought them back meanwhile.
+            for j in self.jobs_nodes.iter().filter(|j| self.handle.is_exit(j.id())) {
                 self.handle.restart(j.id());
             }
         }
