@@ -175,10 +175,36 @@ thread_local! {
     static ON_LONG_STALL: std::cell::RefCell<Option<LongStallHook>> = const { std::cell::RefCell::new(None) };
 }
 
-type LongStallHook = Box<dyn Fn(u32)>;
+type LongStallHook = Box<dyn Fn(Site)>;
+
+/// The long fault points (`stall_once`): each fires at most once per run, where the simulation
+/// arms it (`enable_stalls`, a mask of `Site::bit`s). The number is the site's bit and its name
+/// in a report's counters (`long_stall_<n>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Site {
+    /// A recovery between its snapshot of the ledger and its rebuild.
+    RecoveryRebuild = 0,
+    /// A recovery between its rebuild and its reopen.
+    RecoveryReopen = 1,
+    /// A rebalancer between its take and its ledger step.
+    RebalanceTake = 2,
+    /// A recovery before its generation bump.
+    RecoveryBump = 3,
+    /// A recovery between its reopen and its finish.
+    RecoveryFinish = 4,
+    /// A recovery between its claim and its close.
+    RecoveryClose = 5,
+}
+
+impl Site {
+    /// The site's bit in a mask of sites.
+    pub const fn bit(self) -> u64 {
+        1 << self as u32
+    }
+}
 
 /// Call `f` with the site whenever a long fault point (`stall_once`) fires in this run.
-pub fn on_long_stall(f: impl Fn(u32) + 'static) {
+pub fn on_long_stall(f: impl Fn(Site) + 'static) {
     ON_LONG_STALL.with(|h| *h.borrow_mut() = Some(Box::new(f)));
 }
 
@@ -189,7 +215,7 @@ pub fn stalled() -> u64 {
 }
 
 /// Enable the fault points for runs on this thread, drawing from `seed` (`None`: off), and of the
-/// long ones (`stall_once`) the sites in the mask `long` (one bit per site).
+/// long ones (`stall_once`) the sites in the mask `long` (`Site::bit`s).
 pub fn enable_stalls(seed: Option<u64>, long: u64) {
     STALLS.with(|s| s.set(seed.map_or(0, |x| x | 1)));
     // Off: every site counts as fired already.
@@ -259,25 +285,25 @@ async fn sleep_drawn_from(x: u64, floor: std::time::Duration, max: std::time::Du
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
 
-/// A long fault point: like `stall`, but it fires at most once per run at `site` (0..64) — a
+/// A long fault point: like `stall`, but it fires at most once per run at `site` — a
 /// stall far past a lease, at most once, so the process that takes over can finish (a stall
 /// there at every pass would keep any recovery from ever finishing: no bug, a livelock of the
 /// fault itself).
-pub async fn stall_once(site: u32, one_in: u64, max: std::time::Duration) {
+pub async fn stall_once(site: Site, one_in: u64, max: std::time::Duration) {
     stall_once_past(site, one_in, std::time::Duration::ZERO, max).await
 }
 
 /// `stall_once` for at least `floor`: a window that only hurts once another process has had
 /// time to act in it (take over a claim and finish what it claimed).
-pub async fn stall_once_past(site: u32, one_in: u64, floor: std::time::Duration, max: std::time::Duration) {
-    if FIRED.with(|f| f.get()) & (1 << site) != 0 {
+pub async fn stall_once_past(site: Site, one_in: u64, floor: std::time::Duration, max: std::time::Duration) {
+    if FIRED.with(|f| f.get()) & site.bit() != 0 {
         return;
     }
     let Some(x) = draw() else { return };
     if x % one_in != 0 {
         return;
     }
-    FIRED.with(|f| f.set(f.get() | 1 << site));
+    FIRED.with(|f| f.set(f.get() | site.bit()));
     ON_LONG_STALL.with(|h| h.borrow().as_ref().map(|f| f(site)));
     sleep_drawn_from(x, floor, max).await;
 }

@@ -94,12 +94,17 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
         }
         // Fault points: a runner stalled between take and give (the units are in neither bucket:
         // the reconciler may finish the transfer meanwhile, and this runner then finishes it too);
-        // once per run (site 2, at the first take) long enough for a recovery to rebuild the
+        // once per run (`Site::RebalanceTake`, at the first take) long enough for a recovery to rebuild the
         // buckets in between (the simulation aims a Redis loss at it).
         #[cfg(madsim)]
         {
             crate::planted::stall(10, std::time::Duration::from_millis(1_500)).await;
-            crate::planted::stall_once(2, 1, std::time::Duration::from_millis(8_000)).await;
+            crate::planted::stall_once(
+                crate::planted::Site::RebalanceTake,
+                1,
+                std::time::Duration::from_millis(8_000),
+            )
+            .await;
         }
         finish(cache, ledger, plan, &t).await?;
         for (b, s) in stock.iter_mut() {

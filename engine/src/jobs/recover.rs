@@ -476,7 +476,13 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     #[cfg(madsim)]
     {
         let floor = Duration::from_millis(lease_ms(cfg)) + cfg.quiesce * 2 + Duration::from_secs(1);
-        crate::planted::stall_once_past(5, 1, floor, floor + Duration::from_secs(5)).await;
+        crate::planted::stall_once_past(
+            crate::planted::Site::RecoveryClose,
+            1,
+            floor,
+            floor + Duration::from_secs(5),
+        )
+        .await;
     }
     if !cache.close_gates(plan, fence, held.generation).await? && !unfenced() {
         return Err(PortError::determinate(
@@ -541,7 +547,13 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     #[cfg(madsim)]
     {
         let floor = Duration::from_millis(lease_ms(cfg)) + cfg.quiesce * 2 + Duration::from_secs(1);
-        crate::planted::stall_once_past(3, 1, floor, floor + Duration::from_secs(5)).await;
+        crate::planted::stall_once_past(
+            crate::planted::Site::RecoveryBump,
+            1,
+            floor,
+            floor + Duration::from_secs(5),
+        )
+        .await;
     }
     // Step 6: from here the ledger refuses orders reserved before the loss.
     let from = registry.intent.generation;
@@ -569,7 +581,12 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     #[cfg(madsim)]
     {
         crate::planted::stall(2, Duration::from_millis(3_000)).await;
-        crate::planted::stall_once(0, 2, Duration::from_millis(10_000)).await;
+        crate::planted::stall_once(
+            crate::planted::Site::RecoveryRebuild,
+            2,
+            Duration::from_millis(10_000),
+        )
+        .await;
     }
     if unfenced() {
         // Planted: whatever claim closed the gates meanwhile, this runner writes over it.
@@ -668,7 +685,12 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     {
         crate::planted::stall(1, Duration::from_millis(1_500)).await;
         crate::planted::stall(5, Duration::from_millis(5_000)).await;
-        crate::planted::stall_once(1, 2, Duration::from_millis(8_000)).await;
+        crate::planted::stall_once(
+            crate::planted::Site::RecoveryReopen,
+            2,
+            Duration::from_millis(8_000),
+        )
+        .await;
     }
     for b in plan.all_buckets() {
         if !cache.reopen(plan, b, fence, &target).await? {
@@ -684,7 +706,13 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     #[cfg(madsim)]
     {
         let floor = Duration::from_millis(lease_ms(cfg)) + Duration::from_secs(1);
-        crate::planted::stall_once_past(4, 1, floor, floor + Duration::from_secs(5)).await;
+        crate::planted::stall_once_past(
+            crate::planted::Site::RecoveryFinish,
+            1,
+            floor,
+            floor + Duration::from_secs(5),
+        )
+        .await;
     }
     if !cache.finish(plan, fence, &held.epoch).await? && !unfenced() {
         return Err(PortError::determinate(

@@ -44,7 +44,7 @@ use rand::SeedableRng;
 use seckill_engine::adapters::embedded::{EmbeddedLedger, EmbeddedRedis};
 use seckill_engine::adapters::script::ScriptedStockCache;
 use seckill_engine::domain::{ActivityId, StockPlan, UserId};
-use seckill_engine::planted;
+use seckill_engine::planted::{self, Site};
 use seckill_engine::ports::{Ledger, OrderStatus, StockCache};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,17 +62,19 @@ const CHECK_EVERY: Duration = Duration::from_millis(25);
 /// Settle gives up after this long (simulated), not counting the time a process sleeps at a
 /// long fault point or an API node is held paused until a bump: then the bus never drained.
 const SETTLE_LIMIT: Duration = Duration::from_secs(30);
-/// The long fault point (`planted::stall_once` site) before a recovery's bump.
-const BUMP_SITE: u32 = 3;
-/// The rebalancer's long fault point, between its take and its ledger step.
-const REBALANCE_SITE: u32 = 2;
-/// The recovery's other long fault points (see `world`), one of which is armed with `BUMP_SITE`.
-const RECOVERY_LATE_SITES: [u32; 4] = [5, 0, 1, 4];
+/// The recovery's long fault points other than the one before its bump (see `world`), one of
+/// which is armed with `Site::RecoveryBump` per run.
+const RECOVERY_LATE_SITES: [Site; 4] = [
+    Site::RecoveryClose,
+    Site::RecoveryRebuild,
+    Site::RecoveryReopen,
+    Site::RecoveryFinish,
+];
 /// Every long fault point of the recovery, as a mask of sites.
 const RECOVERY_LONG_SITES: u64 = {
-    let (mut mask, mut i) = (1 << BUMP_SITE, 0);
+    let (mut mask, mut i) = (Site::RecoveryBump.bit(), 0);
     while i < RECOVERY_LATE_SITES.len() {
-        mask |= 1 << RECOVERY_LATE_SITES[i];
+        mask |= RECOVERY_LATE_SITES[i].bit();
         i += 1;
     }
     mask
@@ -204,19 +206,18 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     // The long ones (far past a recovery's lease, once per run) on every other such seed: a
     // runner stalled that long leaves the recovery to another, whose later snapshot heals what
     // the stalled one would have got wrong (a stale order the ledger took shows in both).
-    // Of the recovery's long fault points, the one before the bump (site 3, where a stale bump
-    // comes from) and one other per run: with all of them armed, the first runner slept at the
-    // first one it reached and its successor, as the heal disarmed them, at none — sites 0, 1
-    // and 4 fired in none of 200 runs of four scenarios. Site 5 (between the claim and the
-    // close) comes before site 3, so the first runner sleeps there; sites 0 (between the
-    // snapshot and the rebuild), 1 (before the reopen) and 4 (before the finish) come after it,
-    // so the successor of a runner asleep at site 3 sleeps there. The rebalancer's (site 2) is
-    // armed beside them.
+    // Of the recovery's long fault points, the one before the bump (where a stale bump comes
+    // from) and one other per run: with all of them armed, the first runner slept at the first
+    // one it reached and its successor, as the heal disarmed them, at none — the rebuild's,
+    // reopen's and finish's fired in none of 200 runs of four scenarios. The close's comes
+    // before the bump's, so the first runner sleeps there; the rebuild's, reopen's and
+    // finish's come after it, so the successor of a runner asleep before the bump sleeps there.
+    // The rebalancer's is armed beside them.
     let long = {
         let mut draw = rand::rngs::StdRng::seed_from_u64(cfg.seed ^ 0x10e6);
         let recovery_site = RECOVERY_LATE_SITES[draw.gen_range(0..RECOVERY_LATE_SITES.len())];
         match stalls && draw.gen_bool(0.5) {
-            true => 1 << REBALANCE_SITE | 1 << BUMP_SITE | 1 << recovery_site,
+            true => Site::RebalanceTake.bit() | Site::RecoveryBump.bit() | recovery_site.bit(),
             false => 0,
         }
     };

@@ -3,26 +3,26 @@
 
 use super::fault::{delay, delivered_late, lose_after_ack, prob, redis_resend, visible_late};
 use super::workload::Wave;
-use super::{Fault, Scenario, Scheduled, World, ACTIVITY, CHECK_EVERY, REBALANCE_SITE, RECOVERY_LONG_SITES};
+use super::{Fault, Scenario, Scheduled, World, ACTIVITY, CHECK_EVERY, RECOVERY_LONG_SITES};
 use crate::stores::Persistence;
 use madsim::net::NetSim;
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::NodeHandle;
 use rand::SeedableRng;
 use seckill_engine::domain::BucketNo;
-use seckill_engine::planted;
+use seckill_engine::planted::{self, Site};
 use std::sync::Arc;
 use std::time::Duration;
 
 impl World {
     /// A rebalancer stalled long between its take and its ledger step (the long fault point at
-    /// site 2): where the scenario restarts Redis, Redis restarts under it, so that a recovery
-    /// rebuilds the buckets — the take undone, if Redis lost it or not — before it wakes up and
-    /// goes on with a transfer of the old generation. A recovery runner stalled long (any other
-    /// site): once another runner has recovered and reopened the sale while it sleeps, a wave of
-    /// new buyers sells there, so that what the sleeper writes when it wakes (a bump, a rebuild
-    /// from its old snapshot, a reopen, a finish) meets buckets that sold since — the sales the
-    /// fences exist for. Without it the sale was over before any successor reopened.
+    /// `Site::RebalanceTake`): where the scenario restarts Redis, Redis restarts under it, so that a
+    /// recovery rebuilds the buckets — the take undone, if Redis lost it or not — before it wakes up
+    /// and goes on with a transfer of the old generation. A recovery runner stalled long (any other
+    /// site): once another runner has recovered and reopened the sale while it sleeps, a wave of new
+    /// buyers sells there, so that what the sleeper writes when it wakes (a bump, a rebuild from its
+    /// old snapshot, a reopen, a finish) meets buckets that sold since — the sales the fences exist
+    /// for. Without it the sale was over before any successor reopened.
     pub(super) fn aim_at_long_stalls(self: &Arc<Self>) {
         let (wave_tx, mut wave_rx) = tokio::sync::mpsc::unbounded_channel();
         let w = self.clone();
@@ -61,8 +61,8 @@ impl World {
         let f = self.faults.clone();
         let pending = self.clone();
         planted::on_long_stall(move |site| {
-            f.fired(&format!("long_stall_{site}"));
-            if site == REBALANCE_SITE {
+            f.fired(&format!("long_stall_{}", site as u32));
+            if site == Site::RebalanceTake {
                 let _ = tx.send(());
             } else if !pending
                 .stall_wave_pending
