@@ -177,7 +177,9 @@ python3 - <<'PY' || fail "docs/simulation.md's catalogue is not complete (above)
 import re, sys
 enum = re.search(r"pub enum Fault \{(.*?)\n\}", open("sim/src/world/fault.rs", encoding="utf-8").read(), re.S).group(1)
 faults = [re.sub(r"(?<!^)([A-Z])", r"_\1", v).lower() for v in re.findall(r"^    ([A-Z]\w*),$", enum, re.M)]
-targets = re.findall(r'^\s*\(?\s*"([a-z_0-9]+)",', open("sim/src/world/coverage.rs", encoding="utf-8").read(), re.M)
+coverage = open("sim/src/world/coverage.rs", encoding="utf-8").read()
+required = coverage[coverage.index("pub const COVERAGE_TARGETS"):]
+targets = [re.sub(r"(?<!^)([A-Z])", r"_\1", v).lower() for v in re.findall(r"Target::(\w+),", required)]
 rows = set(re.findall(r"^\| `([a-z_0-9]+)` \|", open("docs/simulation.md", encoding="utf-8").read(), re.M))
 missing = [n for n in faults + targets if n not in rows]
 for n in missing:

@@ -4,6 +4,7 @@
 //! RNG, so a seed fires the same faults at the same points. Shared state sits behind std
 //! mutexes: the simulation runs on one thread and nothing awaits while one is held.
 
+use crate::world::Target;
 use madsim::rand::{thread_rng, Rng};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -79,7 +80,7 @@ pub struct Faults {
     /// last of its windows closes.
     windows: Mutex<BTreeMap<&'static str, u32>>,
     fired: Mutex<BTreeMap<String, u64>>,
-    covered: Mutex<BTreeMap<&'static str, u64>>,
+    covered: Mutex<BTreeMap<Target, u64>>,
     /// Clients still sending: while any is, the sale is under load.
     clients_left: std::sync::atomic::AtomicUsize,
     trace: Mutex<VecDeque<String>>,
@@ -149,7 +150,7 @@ impl Faults {
 
     /// An interesting state happened ("sometimes" assertions, DESIGN §9): counted per run and
     /// summed over a sweep, which fails if a target never happened (`seckill-sim summarize`).
-    pub fn cover(&self, what: &'static str) {
+    pub fn cover(&self, what: Target) {
         *self.covered.lock().expect("covered").entry(what).or_insert(0) += 1;
     }
 
@@ -164,7 +165,7 @@ impl Faults {
 
     pub fn coverage(&self) -> BTreeMap<String, u64> {
         let c = self.covered.lock().expect("covered");
-        c.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+        c.iter().map(|(k, v)| (k.name(), *v)).collect()
     }
 
     /// `n` more clients start sending (the sale is under load until each has called `client_done`).

@@ -4,6 +4,7 @@
 
 use crate::rpc;
 use crate::stores::{SimBus, SimLedger, SimRedis};
+use crate::world::Target;
 use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
 use rand::SeedableRng;
@@ -241,12 +242,12 @@ pub async fn jobs_main(addr: SocketAddr, index: usize, timings: Timings, faults:
 fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
     match pass.recovery {
         Ok(Recovery::Recovered(r)) => {
-            faults.cover("recovered");
+            faults.cover(Target::Recovered);
             if faults.under_load() {
-                faults.cover("recovery_under_load");
+                faults.cover(Target::RecoveryUnderLoad);
             }
             if r.rescued > 0 {
-                faults.cover("outbox_rescued");
+                faults.cover(Target::OutboxRescued);
             }
             faults.event(format!(
                 "{name}: recovered ({}): {} units, {} buyer marks, {} rescued, generation {}",
@@ -254,7 +255,7 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
             ))
         }
         Ok(Recovery::Busy(b)) => {
-            faults.cover("recovery_contended");
+            faults.cover(Target::RecoveryContended);
             faults.event(format!("{name}: recovery busy: claim {} holds", b.fence))
         }
         Ok(Recovery::NotNeeded) => {}
@@ -265,12 +266,12 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
         Err(e) => faults.event(format!("{name}: reconciler: {e}")),
         Ok(r) => {
             for (what, n) in [
-                ("reconciler_republished", r.republished),
-                ("failed_user_freed_by_reconciler", r.failed_freed),
-                ("pending_mark_resolved", r.pending_kept + r.pending_cleared),
-                ("cancel_release_finished", r.cancels_released),
-                ("transfer_finished_by_reconciler", r.transfers_finished),
-                ("gates_resynced_by_reconciler", r.gates_resynced),
+                (Target::ReconcilerRepublished, r.republished),
+                (Target::FailedUserFreedByReconciler, r.failed_freed),
+                (Target::PendingMarkResolved, r.pending_kept + r.pending_cleared),
+                (Target::CancelReleaseFinished, r.cancels_released),
+                (Target::TransferFinishedByReconciler, r.transfers_finished),
+                (Target::GatesResyncedByReconciler, r.gates_resynced),
             ] {
                 if n > 0 {
                     faults.cover(what);
@@ -299,7 +300,7 @@ fn trace_pass(faults: &crate::faults::Faults, name: &str, pass: ActivityPass) {
         Ok(c) if c.cancelled == 0 => {}
         Ok(c) => {
             if c.released > 0 {
-                faults.cover("cancel_released_at_timeout");
+                faults.cover(Target::CancelReleasedAtTimeout);
             }
             faults.event(format!(
                 "{name}: payment timeout: {} orders cancelled, {} released, {} releases failed",
@@ -323,10 +324,10 @@ pub async fn consumer_main(addr: SocketAddr, index: u32, batch: usize, faults: A
         match consumer.run_once().await {
             Ok(r) => {
                 for (what, n) in [
-                    ("redelivery_deduped", r.redelivered),
-                    ("stale_generation_refused", r.stale_generation),
-                    ("duplicate_buyer_refused", r.duplicate_buyers),
-                    ("out_of_stock_refused", r.out_of_stock),
+                    (Target::RedeliveryDeduped, r.redelivered),
+                    (Target::StaleGenerationRefused, r.stale_generation),
+                    (Target::DuplicateBuyerRefused, r.duplicate_buyers),
+                    (Target::OutOfStockRefused, r.out_of_stock),
                 ] {
                     if n > 0 {
                         faults.cover(what);

@@ -7,6 +7,7 @@
 
 use crate::faults::{chance, delay_up_to, Faults};
 use crate::rpc::{self, addr};
+use crate::world::Target;
 use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
 use seckill_engine::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
@@ -337,14 +338,14 @@ fn cover_rerun(f: &Faults, req: &rpc::EvalSha, reply: &Reply) {
     let Some(tag) = reply_tag(reply) else { return };
     let op = req.args.first().map(String::as_str).unwrap_or("");
     let target = match (op, tag) {
-        ("own" | "fallback", b"reserved") => "rerun_reserve_kept",
-        ("unpublished" | "rejected" | "cancelled", b"absent") => "rerun_release_absent",
-        ("take" | "give", b"exists") => "rerun_transfer_exists",
+        ("own" | "fallback", b"reserved") => Target::RerunReserveKept,
+        ("unpublished" | "rejected" | "cancelled", b"absent") => Target::RerunReleaseAbsent,
+        ("take" | "give", b"exists") => Target::RerunTransferExists,
         // settle.lua's only argument is the reservation id.
-        (_, b"absent") if req.keys.len() == 1 && req.args.len() == 1 => "rerun_settle_absent",
-        (_, b"rebuilt") => "rerun_rebuild_again",
-        (_, b"reopened") => "rerun_reopen_kept",
-        (_, b"finished") => "rerun_finish_kept",
+        (_, b"absent") if req.keys.len() == 1 && req.args.len() == 1 => Target::RerunSettleAbsent,
+        (_, b"rebuilt") => Target::RerunRebuildAgain,
+        (_, b"reopened") => Target::RerunReopenKept,
+        (_, b"finished") => Target::RerunFinishKept,
         _ => return,
     };
     f.cover(target);
@@ -503,14 +504,14 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                     // not a coverage target: no run of 40 seeds of rebalancing, chaos or
                     // producer-faults reaches it (the reconciler's own "voided" is not this).
                     Some(Reply::Bulk(tag)) if tag == b"voided" && req.args[0] == "fallback" => {
-                        f.cover("late_fallback_voided");
+                        f.cover(Target::LateFallbackVoided);
                         let stock = req
                             .keys
                             .first()
                             .and_then(|k| s.model.read(|ks| ks.get(k.as_bytes()).cloned()));
                         if let Some(seckill_engine::adapters::embedded::Value::Str(v)) = stock {
                             if std::str::from_utf8(&v).ok().and_then(|v| v.parse::<i64>().ok()) > Some(0) {
-                                f.cover("late_fallback_void_kept_unit");
+                                f.cover(Target::LateFallbackVoidKeptUnit);
                             }
                         }
                     }
@@ -815,7 +816,7 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
                 Ok(held) => held,
                 Err(_) => match tokio::time::timeout(LOCK_WAIT, gl.write()).await {
                     Ok(held) => {
-                        f.cover("bump_waited_for_a_batch");
+                        f.cover(Target::BumpWaitedForABatch);
                         held
                     }
                     Err(_) => {
@@ -829,7 +830,7 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
             let out = l.bump_generation(req.id, req.from).await;
             match out {
                 Ok(Some(_)) => log.bumps.lock().expect("ledger log").push(f.elapsed()),
-                Ok(None) => f.cover("bump_fenced"),
+                Ok(None) => f.cover(Target::BumpFenced),
                 Err(_) => {}
             }
             out
@@ -849,14 +850,14 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
 }
 
 /// The coverage target of a write refused as a deadlock victim.
-fn deadlock_victim(op: &'static str) -> &'static str {
+fn deadlock_victim(op: &'static str) -> Target {
     match op {
-        "apply" => "deadlock_victim_apply",
-        "transfer" => "deadlock_victim_transfer",
-        "cancel unpaid" => "deadlock_victim_cancel_unpaid",
-        "bump generation" => "deadlock_victim_bump",
-        "set intent" => "deadlock_victim_set_intent",
-        _ => "deadlock_victim_other",
+        "apply" => Target::DeadlockVictimApply,
+        "transfer" => Target::DeadlockVictimTransfer,
+        "cancel unpaid" => Target::DeadlockVictimCancelUnpaid,
+        "bump generation" => Target::DeadlockVictimBump,
+        "set intent" => Target::DeadlockVictimSetIntent,
+        _ => Target::DeadlockVictimOther,
     }
 }
 
@@ -1291,7 +1292,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 return Err("seek failed: Local: Erroneous state".to_string());
             }
             if l.rewind_failed.lock().expect("kafka").remove(&req.member) {
-                f.cover("rewind_retried");
+                f.cover(Target::RewindRetried);
             }
             let st = l.state.lock().expect("kafka");
             Ok(req

@@ -3,117 +3,192 @@
 
 use super::{Scenario, World};
 use seckill_engine::ports::OrderStatus;
+use serde::Serialize;
 
 /// The interesting states a sweep must have seen (`Faults::cover`): each with the scenarios that
 /// reach it and how many runs of those a sweep needs before a target that never happened fails
 /// it (most are reached in a few runs; the outbox rescue needs a publish cut at the very moment
 /// a recovery closes the gates, about one run in twenty of its two scenarios).
-pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
-    ("fallback_won", &[Scenario::Calm, Scenario::Chaos], 20),
+/// The interesting states a run counts (`Faults::cover`, "sometimes" assertions): most are
+/// targets a sweep must reach (`COVERAGE_TARGETS`); the last few are counted for the trace and
+/// the report only. A report names each by its variant, in snake_case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    FallbackWon,
+    RedeliveryDeduped,
+    ReconcilerRepublished,
+    CancelReleasedAtTimeout,
+    CancelReleaseFinished,
+    PendingMarkResolved,
+    TransferFinishedByReconciler,
+    Recovered,
+    RecoveryContended,
+    SoldAfterRecovery,
+    RecoveryUnderLoad,
+    StaleGenerationRefused,
+    DuplicateBuyerRefused,
+    RewindRetried,
+    OutOfStockRefused,
+    FailedUserBoughtAgain,
+    FailedUserFreedByReconciler,
+    OutboxRescued,
+    LateRecordAfterBumpKept,
+    RerunReserveKept,
+    RerunReleaseAbsent,
+    RerunSettleAbsent,
+    RerunTransferExists,
+    RerunRebuildAgain,
+    RerunReopenKept,
+    RerunFinishKept,
+    FinishAfterTakeoverLost,
+    BumpFenced,
+    BumpWaitedForABatch,
+    DeadlockVictimApply,
+    DeadlockVictimTransfer,
+    DeadlockVictimCancelUnpaid,
+    DeadlockVictimSetIntent,
+    DeadlockVictimBump,
+    FailoverPastQuiesce,
+    /// A fallback reserve of an attempt the reconciler gave up, answered "voided".
+    LateFallbackVoided,
+    /// The same, where the attempt's unit was kept.
+    LateFallbackVoidKeptUnit,
+    /// The reconciler wrote the operator's intent to gates that missed it.
+    GatesResyncedByReconciler,
+    /// A ledger write other than those with a target of their own rolled back as a deadlock
+    /// victim (install, pay, cancel).
+    DeadlockVictimOther,
+}
+
+impl Target {
+    /// The name reports and sweeps use: the variant's, in snake_case.
+    pub fn name(self) -> String {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(name)) => name,
+            other => unreachable!("a unit variant serializes as its name, not {other:?}"),
+        }
+    }
+}
+
+pub const COVERAGE_TARGETS: &[(Target, &[Scenario], usize)] = &[
+    (Target::FallbackWon, &[Scenario::Calm, Scenario::Chaos], 20),
     (
-        "redelivery_deduped",
+        Target::RedeliveryDeduped,
         &[Scenario::ConsumerFaults, Scenario::LostRecords],
         20,
     ),
     (
-        "reconciler_republished",
+        Target::ReconcilerRepublished,
         &[Scenario::ConsumerFaults, Scenario::LostRecords],
         20,
     ),
     (
-        "cancel_released_at_timeout",
+        Target::CancelReleasedAtTimeout,
         &[Scenario::Calm, Scenario::RedisLoss],
         20,
     ),
     (
-        "cancel_release_finished",
+        Target::CancelReleaseFinished,
         &[Scenario::Calm, Scenario::RedisLoss],
         20,
     ),
-    ("pending_mark_resolved", &[Scenario::Rebalancing], 20),
+    (Target::PendingMarkResolved, &[Scenario::Rebalancing], 20),
     (
-        "transfer_finished_by_reconciler",
+        Target::TransferFinishedByReconciler,
         &[Scenario::Rebalancing, Scenario::Skewed],
         20,
     ),
-    ("recovered", &[Scenario::RedisLoss, Scenario::FullLossRestart], 20),
-    ("recovery_contended", &[Scenario::CompetingRecoveries], 20),
     (
-        "sold_after_recovery",
+        Target::Recovered,
         &[Scenario::RedisLoss, Scenario::FullLossRestart],
         20,
     ),
-    ("recovery_under_load", &[Scenario::Operator, Scenario::Chaos], 20),
-    ("stale_generation_refused", &[Scenario::CompetingRecoveries], 20),
-    ("duplicate_buyer_refused", &[Scenario::RedisLoss], 20),
-    ("rewind_retried", &[Scenario::ConsumerFaults], 20),
-    ("out_of_stock_refused", &[Scenario::RedisLoss], 20),
+    (Target::RecoveryContended, &[Scenario::CompetingRecoveries], 20),
     (
-        "failed_user_bought_again",
+        Target::SoldAfterRecovery,
+        &[Scenario::RedisLoss, Scenario::FullLossRestart],
+        20,
+    ),
+    (
+        Target::RecoveryUnderLoad,
+        &[Scenario::Operator, Scenario::Chaos],
+        20,
+    ),
+    (
+        Target::StaleGenerationRefused,
+        &[Scenario::CompetingRecoveries],
+        20,
+    ),
+    (Target::DuplicateBuyerRefused, &[Scenario::RedisLoss], 20),
+    (Target::RewindRetried, &[Scenario::ConsumerFaults], 20),
+    (Target::OutOfStockRefused, &[Scenario::RedisLoss], 20),
+    (
+        Target::FailedUserBoughtAgain,
         &[Scenario::RedisLoss, Scenario::CompetingRecoveries],
         20,
     ),
-    ("failed_user_freed_by_reconciler", &[Scenario::RedisLoss], 20),
+    (Target::FailedUserFreedByReconciler, &[Scenario::RedisLoss], 20),
     (
-        "outbox_rescued",
+        Target::OutboxRescued,
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         100,
     ),
     (
-        "late_record_after_bump_kept",
+        Target::LateRecordAfterBumpKept,
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         100,
     ),
     // A script run again after its reply was lost (`RedisResend`) takes its "already done"
     // branch and answers what its first run did.
     (
-        "rerun_reserve_kept",
+        Target::RerunReserveKept,
         &[Scenario::ProducerFaults, Scenario::Chaos],
         20,
     ),
     (
-        "rerun_release_absent",
+        Target::RerunReleaseAbsent,
         &[Scenario::ProducerFaults, Scenario::Chaos],
         100,
     ),
     (
-        "rerun_settle_absent",
+        Target::RerunSettleAbsent,
         &[Scenario::ProducerFaults, Scenario::Chaos],
         20,
     ),
-    ("rerun_transfer_exists", &[Scenario::Chaos], 200),
+    (Target::RerunTransferExists, &[Scenario::Chaos], 200),
     (
-        "rerun_rebuild_again",
+        Target::RerunRebuildAgain,
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
     (
-        "rerun_reopen_kept",
+        Target::RerunReopenKept,
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
     (
-        "rerun_finish_kept",
+        Target::RerunFinishKept,
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
     // A runner's finish after another runner took its claim over (it stalled between its reopen
     // and its finish past its lease): Redis tells it the claim was lost.
     (
-        "finish_after_takeover_lost",
+        Target::FinishAfterTakeoverLost,
         &[Scenario::CompetingRecoveries],
         100,
     ),
     // A runner's bump that reached the ledger after another runner's (delivered late, or sent
     // by a runner that stalled past its lease): the compare-and-set refuses it.
     (
-        "bump_fenced",
+        Target::BumpFenced,
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
     // A recovery's bump that waited for a batch holding the generation (`LedgerStalledTxn`).
     (
-        "bump_waited_for_a_batch",
+        Target::BumpWaitedForABatch,
         &[Scenario::Chaos, Scenario::CompetingRecoveries],
         200,
     ),
@@ -121,21 +196,21 @@ pub const COVERAGE_TARGETS: &[(&str, &[Scenario], usize)] = &[
     // adapter makes), which their callers must run again: a batch, a transfer, a payment
     // timeout's cancels, an operator's intent write, a recovery's bump.
     (
-        "deadlock_victim_apply",
+        Target::DeadlockVictimApply,
         &[Scenario::ConsumerFaults, Scenario::Rebalancing],
         20,
     ),
-    ("deadlock_victim_transfer", &[Scenario::Rebalancing], 20),
+    (Target::DeadlockVictimTransfer, &[Scenario::Rebalancing], 20),
     (
-        "deadlock_victim_cancel_unpaid",
+        Target::DeadlockVictimCancelUnpaid,
         &[Scenario::Rebalancing, Scenario::Operator],
         20,
     ),
-    ("deadlock_victim_set_intent", &[Scenario::Operator], 300),
-    ("deadlock_victim_bump", &[Scenario::CompetingRecoveries], 100),
+    (Target::DeadlockVictimSetIntent, &[Scenario::Operator], 300),
+    (Target::DeadlockVictimBump, &[Scenario::CompetingRecoveries], 100),
     // A failover to a replica further behind than the recovery's quiesce.
     (
-        "failover_past_quiesce",
+        Target::FailoverPastQuiesce,
         &[Scenario::RedisLoss, Scenario::Chaos],
         100,
     ),
@@ -153,7 +228,7 @@ impl World {
                 continue;
             };
             if bumps.iter().any(|b| arrived < b && b < visible) {
-                self.faults.cover("late_record_after_bump_kept");
+                self.faults.cover(Target::LateRecordAfterBumpKept);
             }
         }
     }

@@ -29,7 +29,7 @@ use oracles::GodView;
 use scenario::activity;
 use workload::Wave;
 
-pub use coverage::COVERAGE_TARGETS;
+pub use coverage::{Target, COVERAGE_TARGETS};
 pub use fault::Fault;
 pub use scenario::{parse_schedule, schedule_text, Checks, Scenario, Scheduled, SimConfig, Size};
 pub use shrink::{shrink, Shrunk};
@@ -441,11 +441,11 @@ impl World {
         let fallback = self.god.plan.fallback_bucket();
         for o in &db.orders {
             if o.reservation.bucket == fallback && o.status != OrderStatus::Failed {
-                self.faults.cover("fallback_won");
+                self.faults.cover(Target::FallbackWon);
             }
             // Sold under a generation a recovery bumped: the sale went on after a recovery.
             if o.reservation.generation > 0 && o.status != OrderStatus::Failed {
-                self.faults.cover("sold_after_recovery");
+                self.faults.cover(Target::SoldAfterRecovery);
             }
         }
         // A user whose order failed bought again: failed orders free their users (DESIGN §6).
@@ -455,7 +455,7 @@ impl World {
             .collect();
         if (db.orders.iter()).any(|o| o.status != OrderStatus::Failed && failed.contains(&o.reservation.user))
         {
-            self.faults.cover("failed_user_bought_again");
+            self.faults.cover(Target::FailedUserBoughtAgain);
         }
         let history = self.history.lock().expect("history");
         let violated = self.violated.lock().expect("violated");

@@ -3,7 +3,7 @@
 
 use super::fault::{delay, delivered_late, lose_after_ack, prob, redis_resend, visible_late};
 use super::workload::Wave;
-use super::{Fault, Scenario, Scheduled, World, ACTIVITY, CHECK_EVERY, RECOVERY_LONG_SITES};
+use super::{Fault, Scenario, Scheduled, Target, World, ACTIVITY, CHECK_EVERY, RECOVERY_LONG_SITES};
 use crate::stores::Persistence;
 use madsim::net::NetSim;
 use madsim::rand::{thread_rng, Rng};
@@ -263,7 +263,7 @@ impl World {
                 // writes until it dies.
                 let lag = thread_rng().gen_range(0..=self.timings.replica_lag_ms);
                 if lag > self.timings.recovery().quiesce.as_millis() as u64 {
-                    f.cover("failover_past_quiesce");
+                    f.cover(Target::FailoverPastQuiesce);
                 }
                 let (image, taken_at) = (self.redis.model.dump(), f.elapsed());
                 tokio::time::sleep(Duration::from_millis(lag)).await;

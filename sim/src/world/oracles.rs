@@ -1,7 +1,7 @@
 //! The oracles: the god view of the stores, the continuous checker during the sale and
 //! settle, and the final checks (safety, reconciliation, liveness) against the clients' history.
 
-use super::{Verdict, Violated, World, ACTIVITY, CHECK_EVERY};
+use super::{Target, Verdict, Violated, World, ACTIVITY, CHECK_EVERY};
 use seckill_engine::adapters::embedded::{EmbeddedLedger, EmbeddedRedis, RedisModel};
 use seckill_engine::adapters::script::ScriptedStockCache;
 use seckill_engine::domain::{ActivityState, BucketNo, Reservation, StockPlan, UserId};
@@ -347,7 +347,7 @@ impl World {
                 |f: &crate::stores::FinishSeen| f.fence == e.fence && f.held.as_deref() == Some(&*f.fence);
             let ended = finishes[..=i].iter().rev().find(|f| own(f)).map(|f| f.at);
             if !e.finished && e.held.is_some() {
-                self.faults.cover("finish_after_takeover_lost");
+                self.faults.cover(Target::FinishAfterTakeoverLost);
             }
             let lie = match (e.finished, ended) {
                 (true, None) => Some("finished, though no finish of its own ended its claim"),
