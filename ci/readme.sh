@@ -10,6 +10,15 @@ cd "$(dirname "$0")/.."
 
 fail() { echo "readme: $*" >&2; exit 1; }
 
+# The lines a generated script starts with so that the server its "&" line starts (recorded as
+# $server) is stopped on exit: it runs under a background subshell (cargo run), so its children
+# go too (no procps needed).
+stopper() {
+  echo 'server=""'
+  echo 'stop() { [ -n "$server" ] || return 0; for p in $(awk -v pp="$server" '"'"'$4 == pp { print $1 }'"'"' /proc/[0-9]*/stat 2>/dev/null); do kill "$p" 2>/dev/null || true; done; kill "$server" 2>/dev/null || true; }'
+  echo 'trap stop EXIT'
+}
+
 # Code blocks of one section ("## <title>") of a file (README.md unless given), numbered from 0:
 # "<n>: <line>".
 blocks() {
@@ -96,10 +105,7 @@ script=$(mktemp) expected_out=$(mktemp) got_out=$(mktemp)
   # A newcomer's shell: no store settings (ci/test.sh exports the real stores' for the tests).
   echo "unset REDIS_URL KAFKA_BROKERS DATABASE_URL"
   echo "seckill() { $base \"\$@\"; }"
-  # The server runs under a background subshell: stop it and its children (no procps needed).
-  echo 'server=""'
-  echo 'stop() { [ -n "$server" ] || return 0; for p in $(awk -v pp="$server" '"'"'$4 == pp { print $1 }'"'"' /proc/[0-9]*/stat 2>/dev/null); do kill "$p" 2>/dev/null || true; done; kill "$server" 2>/dev/null || true; }'
-  echo 'trap stop EXIT'
+  stopper
   pending=""
   while IFS= read -r line; do
     if [ -n "$pending" ]; then pending+=$'\n'"$line"; [[ "$line" == *\\ ]] && continue; cmd=$pending; pending=""
@@ -132,9 +138,7 @@ sale=$(blocks "A sale on the real stores" | sed -n 's/^0: //p')
 script=$(mktemp)
 {
   echo "set -euo pipefail"
-  echo 'server=""'
-  echo 'stop() { [ -n "$server" ] || return 0; for p in $(awk -v pp="$server" '"'"'$4 == pp { print $1 }'"'"' /proc/[0-9]*/stat 2>/dev/null); do kill "$p" 2>/dev/null || true; done; kill "$server" 2>/dev/null || true; }'
-  echo 'trap stop EXIT'
+  stopper
   while IFS= read -r line; do
     printf '%s\n' "$line"
     [[ "$line" == *'&' ]] && echo 'server=$!'

@@ -301,7 +301,8 @@ mod app {
         let hit = |name: &str| lines.iter().filter(|l| l.coverage.contains_key(name)).count();
         let c: Vec<String> = COVERAGE_TARGETS
             .iter()
-            .map(|(target, _, _)| format!("{}={}", target.name(), hit(&target.name())))
+            .map(|(target, _, _)| target.name())
+            .map(|name| format!("{name}={}", hit(&name)))
             .collect();
         println!("coverage (runs in which it happened): {}", c.join(" "));
         let mut missed = 0;

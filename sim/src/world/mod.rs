@@ -420,6 +420,13 @@ impl World {
         .chain(&self.consumers)
     }
 
+    /// Run `task` beside the nemesis (a fault that outlasts its injection): stopped with the
+    /// world (`tear_down`).
+    fn in_background(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let task = tokio::spawn(task);
+        self.background.lock().expect("background").push(task);
+    }
+
     /// Stop every node and let the executor drop their tasks before the runtime goes. A task
     /// still pending when a madsim runtime drops is never dropped (madsim-rs/madsim#242): the
     /// servers' loops hold the stores, and so do clients a violation stopped mid-click — each run

@@ -237,11 +237,10 @@ impl World {
             Fault::BrokerDown => self.down_for(self.kafka_node.id(), "broker_down", hold).await,
             Fault::BrokerDownAcrossRestart => {
                 let (w, at) = (self.clone(), hold.mul_f64(thread_rng().gen_range(0.3..0.9)));
-                let task = tokio::spawn(async move {
+                self.in_background(async move {
                     tokio::time::sleep(at).await;
                     w.restart_redis(Fault::RedisRestartAof).await
                 });
-                self.background.lock().expect("background").push(task);
                 self.down_for(self.kafka_node.id(), "broker_down", hold).await
             }
             Fault::MysqlUnavailable => {
@@ -315,7 +314,7 @@ impl World {
             // (the settle resumes a pause left standing).
             Fault::PauseInRecovery => {
                 let w = self.clone();
-                let task = tokio::spawn(async move {
+                self.in_background(async move {
                     for _ in 0..400 {
                         if w.raw_claim().is_some() && w.stock_keys_present() {
                             break;
@@ -325,7 +324,6 @@ impl World {
                     tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(0..1_000))).await;
                     w.operator_pause(hold).await
                 });
-                self.background.lock().expect("background").push(task);
             }
             // In the background: the warmup's recovery outlasts the sale (and the nemesis), and
             // its answer must still be checked.
@@ -333,12 +331,11 @@ impl World {
                 self.operator_pending
                     .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let w = self.clone();
-                let task = tokio::spawn(async move {
+                self.in_background(async move {
                     w.full_loss_restart().await;
                     w.operator_pending
                         .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 });
-                self.background.lock().expect("background").push(task);
             }
             Fault::MqLoseInRecovery => self.window_in_recovery("mq_lose_after_ack", lose_after_ack),
             Fault::MqLateInRecovery => self.window_in_recovery("mq_visible_late", visible_late),
@@ -384,7 +381,7 @@ impl World {
                     false => gate_key(ACTIVITY, b),
                 };
                 let w = self.clone();
-                let task = tokio::spawn(async move {
+                self.in_background(async move {
                     while !(w.faults.under_load() && w.healthy()) {
                         tokio::time::sleep(CHECK_EVERY).await;
                     }
@@ -410,31 +407,28 @@ impl World {
                     // The recovery recreates the gate: its versions start again.
                     w.gate_versions.lock().expect("gate versions").1.remove(&b.0);
                 });
-                self.background.lock().expect("background").push(task);
             }
             // Aimed at a healthy activity under load, as a deploy job re-running its steps
             // mid-sale meets it (one that meets a recovery is told to try again, and does).
             Fault::OperatorWarmup => {
                 let w = self.clone();
-                let task = tokio::spawn(async move {
+                self.in_background(async move {
                     while !(w.faults.under_load() && w.healthy()) {
                         tokio::time::sleep(CHECK_EVERY).await;
                     }
                     w.faults.fired("operator_warmup");
                     w.operator_warmup().await
                 });
-                self.background.lock().expect("background").push(task);
             }
             // Pauses overlap the faults that follow: the nemesis goes on while the node sleeps.
             Fault::EnginePause => {
                 let (w, id) = (self.clone(), pick(&self.engines));
-                let task = tokio::spawn(async move { w.pause_for(id, "engine_pause", hold).await });
-                self.background.lock().expect("background").push(task);
+                self.in_background(async move { w.pause_for(id, "engine_pause", hold).await });
             }
             Fault::EnginePauseAcrossBump => {
                 let (w, id) = (self.clone(), pick(&self.engines));
                 *self.zombie.lock().expect("zombie") = Some(id);
-                let task = tokio::spawn(async move {
+                self.in_background(async move {
                     let bumps = || w.ledger_log.bumps.lock().expect("ledger log").len();
                     let before = bumps();
                     w.faults.fired("engine_pause_across_bump");
@@ -450,17 +444,14 @@ impl World {
                     w.handle.resume(id);
                     *w.zombie.lock().expect("zombie") = None;
                 });
-                self.background.lock().expect("background").push(task);
             }
             Fault::JobsPause => {
                 let (w, id) = (self.clone(), pick(&self.jobs_nodes));
-                let task = tokio::spawn(async move { w.pause_for(id, "jobs_pause", hold).await });
-                self.background.lock().expect("background").push(task);
+                self.in_background(async move { w.pause_for(id, "jobs_pause", hold).await });
             }
             Fault::ConsumerPause => {
                 let (w, id) = (self.clone(), pick(&self.consumers));
-                let task = tokio::spawn(async move { w.pause_for(id, "consumer_pause", hold).await });
-                self.background.lock().expect("background").push(task);
+                self.in_background(async move { w.pause_for(id, "consumer_pause", hold).await });
             }
             Fault::PacketLoss => {
                 f.fired("packet_loss");
@@ -505,11 +496,10 @@ impl World {
                 }
                 f.open_window(name, turn);
                 let f = f.clone();
-                let task = tokio::spawn(async move {
+                self.in_background(async move {
                     tokio::time::sleep(hold).await;
                     f.close_window(name, turn);
                 });
-                self.background.lock().expect("background").push(task);
             }
         }
     }
@@ -533,7 +523,7 @@ impl World {
         limit: Option<Duration>,
     ) {
         let w = self.clone();
-        let task = tokio::spawn(async move {
+        self.in_background(async move {
             while w.raw_claim().is_none() {
                 tokio::time::sleep(CHECK_EVERY).await;
             }
@@ -548,7 +538,6 @@ impl World {
             }
             w.faults.close_window(name, turn);
         });
-        self.background.lock().expect("background").push(task);
     }
 
     /// Redis restarts with what its persistence kept (`RedisRestartVolatile` or `RedisRestartAof`).
