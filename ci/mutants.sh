@@ -4,7 +4,7 @@
 #
 #   ci/mutants.sh [--seeds N] [--only id,id,...] [--check]
 #
-# --seeds N   seeds of every scenario per mutant (default 30: 330 runs, about a minute); the
+# --seeds N   seeds of every scenario per mutant (default 30: 360 runs, about a minute); the
 #             first 10 first, the rest only for a mutant those did not kill
 # --only      run only these mutants
 # --check     only check that every mutant applies (its `from` occurs exactly once); no builds

@@ -315,6 +315,19 @@ impl RedisStore {
         restarted.max(*self.key_lost_at.lock().expect("key lost"))
     }
 
+    /// Whether Redis may hold, at `at`, what a loss left behind: it lost data since `at`, or
+    /// before it with no recovery finished in between (a restart's image can bring back an open
+    /// reservation whose order the ledger failed since, and a later release then takes the mark
+    /// they share; the recovery's rebuild puts the two in line with the ledger again).
+    pub fn loss_unrepaired(&self, at: Duration) -> bool {
+        let Some(lost) = self.last_loss() else {
+            return false;
+        };
+        lost >= at
+            || !(self.finishes.lock().expect("finishes").iter())
+                .any(|f| f.finished && f.at >= lost && f.at <= at)
+    }
+
     /// Delete `key` (a loss without a restart: eviction, a failover that lost it).
     pub fn lose_key(&self, key: &str, at: Duration) {
         self.model.command(&[b"DEL".to_vec(), key.as_bytes().to_vec()]);

@@ -59,6 +59,8 @@ pub enum Target {
     /// A ledger write other than those with a target of their own rolled back as a deadlock
     /// victim (install, pay, cancel).
     DeadlockVictimOther,
+    /// A user whose order page showed the order failed clicked "buy" again.
+    ClickedAfterFailedPage,
 }
 
 impl Target {

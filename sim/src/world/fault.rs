@@ -109,6 +109,11 @@ pub enum Fault {
     /// its hold), the heal sparing it: it wakes a zombie whose purchases publish orders of the
     /// old generation, their outbox entries gone with the Redis loss the recovery is for.
     EnginePauseAcrossBump,
+    /// Every job runner is down (a deploy of the jobs role) when Redis restarts (AOF), and stays
+    /// down for the hold while the faults go on: the sale goes on, on what Redis kept, with
+    /// nobody to notice the loss — orders refused for want of a unit free their users, who buy
+    /// again, all at the generation still open — until a runner comes back and recovers.
+    RedisRestartJobsAway,
 }
 
 /// A knob's probability while its window is open, else 0.
@@ -159,6 +164,8 @@ impl Fault {
             Fault::ConsumerPause => session + 200..session + 1_500,
             // Long enough to meet the ledger's failures: a rewind is asked for only after one.
             Fault::MqRewindFail => 300..1_500,
+            // Long enough for a failed order's user to see the order page and buy again.
+            Fault::RedisRestartJobsAway => 500..2_000,
             _ => 30..300,
         }
     }

@@ -171,6 +171,11 @@ impl World {
             Scenario::RedisLoss if thread_rng().gen_bool(0.5) => {
                 vec![(ms(200..600), Fault::BrokerDownAcrossRestart, ms(350..600))]
             }
+            // Early in the sale, while the burst's orders are still being applied.
+            Scenario::JobsAway => {
+                let fault = Fault::RedisRestartJobsAway;
+                vec![(ms(50..400), fault, thread_rng().gen_range(fault.hold_range()))]
+            }
             _ => Vec::new(),
         };
         let mut quiet = match self.cfg.scenario {
@@ -256,6 +261,23 @@ impl World {
                 self.reboot(self.engines[i].id());
             }
             Fault::RedisRestartVolatile | Fault::RedisRestartAof => self.restart_redis(fault).await,
+            Fault::RedisRestartJobsAway => {
+                f.fired("jobs_away_at_restart");
+                for n in &self.jobs_nodes {
+                    self.handle.kill(n.id());
+                }
+                self.restart_redis(Fault::RedisRestartAof).await;
+                // Back after the hold (unless the heal came first); the faults go on meanwhile.
+                let w = self.clone();
+                self.in_background(async move {
+                    tokio::time::sleep(hold).await;
+                    for n in &w.jobs_nodes {
+                        if w.handle.is_exit(n.id()) {
+                            w.handle.restart(n.id());
+                        }
+                    }
+                });
+            }
             Fault::RedisFailover => {
                 f.fired("redis_failover");
                 // The replica holds what the primary held `lag` ago; the primary goes on taking

@@ -673,13 +673,6 @@ impl World {
         .collect()
     }
 
-    /// Bounded failed orders: an order fails for want of a unit only where Redis sold one it
-    /// did not have, and only a restart makes Redis hold more than the ledger can sell — no more
-    /// orders of a bucket fail than its restarts gave it units (a unit given back to Redis
-    /// after its order failed is sold and fails again). What a restart gave: the units it came
-    /// back with above what it held (a key it lost counts whole), or, where that is more, the
-    /// units of the reserves it lost whose orders the ledger took (a release lost in the same
-    /// window can make the stock come back no higher while those units are sold twice).
     /// S7 for the purchase answers: every order the ledger holds was announced to its user — told
     /// "queued", or hidden behind an answer that did not know (no answer, "unavailable"). An order
     /// of a user whose every answer was definite ("duplicate", "sold out") came from a reserve
@@ -702,6 +695,60 @@ impl World {
             .collect()
     }
 
+    /// Whether the ledger holds an order of `user` that did not fail.
+    pub(super) async fn holds_live_order(&self, user: UserId) -> bool {
+        (self.god.ledger.order_of(ACTIVITY, user).await)
+            .expect("in-process")
+            .is_some_and(|o| o.status != OrderStatus::Failed)
+    }
+
+    /// S7 for a "duplicate" answer: "you already have one" is true while the user holds a live
+    /// order or an open reservation. Read raw when the answer arrives: the user still marked in
+    /// some bucket, no open reservation or pending mark of theirs anywhere, and no live order in
+    /// the ledger is a mark nothing justifies — a lockout the answer passed on. It changes only
+    /// with a lost key (the open entries gone, the marks kept; the recovery's rebuild puts it
+    /// right): every other way a mark goes or stays moves it with the entry in one script (a
+    /// reserve writes both; a settle leaves a live order; a release takes both, or keeps the mark
+    /// of a user holding another order; a rebuild marks live buyers only), and a restart or
+    /// failover loses a prefix of those scripts, never half of one.
+    pub(super) async fn duplicate_true(&self, user: UserId) {
+        if self.redis.key_lost_at.lock().expect("key lost").is_some() {
+            return;
+        }
+        let view = self.god.raw_redis();
+        let marked: Vec<u32> = (view.buckets.iter())
+            .filter(|b| b.buyers.contains(&user))
+            .map(|b| b.bucket.0)
+            .collect();
+        let open = view
+            .buckets
+            .iter()
+            .any(|b| b.open.iter().any(|r| r.user == user) || b.pending.iter().any(|p| p.user == user));
+        if marked.is_empty() || open {
+            return;
+        }
+        if !self.holds_live_order(user).await {
+            self.record(
+                vec![inv::Violation {
+                    invariant: inv::Invariant::S7AnswersTrue,
+                    bucket: marked.first().copied(),
+                    detail: format!(
+                        "user {user} was told \"duplicate\" and is marked a buyer in buckets \
+                         {marked:?}, yet holds no live order and no open reservation"
+                    ),
+                }],
+                Verdict::Safety,
+            );
+        }
+    }
+
+    /// Bounded failed orders: an order fails for want of a unit only where Redis sold one it
+    /// did not have, and only a restart makes Redis hold more than the ledger can sell — no more
+    /// orders of a bucket fail than its restarts gave it units (a unit given back to Redis
+    /// after its order failed is sold and fails again). What a restart gave: the units it came
+    /// back with above what it held (a key it lost counts whole), or, where that is more, the
+    /// units of the reserves it lost whose orders the ledger took (a release lost in the same
+    /// window can make the stock come back no higher while those units are sold twice).
     pub(super) fn failed_orders_bounded(
         &self,
         db: &seckill_engine::ports::LedgerView,

@@ -45,6 +45,11 @@ pub enum Scenario {
     /// Both job runners detect the same losses; runners are paused past their claim's lease
     /// and API nodes past the delivery timeout (they wake up as zombies), and crash.
     CompetingRecoveries,
+    /// Redis loss as in `RedisLoss`, the first restart while every job runner is down (a deploy
+    /// of the jobs role): the sale goes on, on what Redis kept, with nobody to notice the loss —
+    /// orders refused for want of a unit free their users, who buy again — until a runner comes
+    /// back and recovers.
+    JobsAway,
 }
 
 /// Which checks a run holds the engine to.
@@ -74,7 +79,7 @@ impl Scenario {
             Scenario::Calm => &[],
             Scenario::ConsumerFaults => CONSUMER_FAULTS,
             Scenario::ProducerFaults => PRODUCER_FAULTS,
-            Scenario::RedisLoss => &[
+            Scenario::RedisLoss | Scenario::JobsAway => &[
                 Fault::RedisRestartAof,
                 Fault::RedisRestartAof,
                 Fault::RedisFailover,

@@ -1,7 +1,7 @@
 //! The workload: who buys, in which waves, and the clients that click, poll, pay and cancel,
 //! recording what they were told (the history the oracles check).
 
-use super::{SimConfig, Verdict, World, ACTIVITY};
+use super::{SimConfig, Target, Verdict, World, ACTIVITY};
 use crate::rpc::{self, engine_addr};
 use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
@@ -225,17 +225,36 @@ impl World {
             let mut h = self.history.lock().expect("history");
             h.queued_sent_at.insert(r.id.to_string(), sent);
         }
+        if let Ok(Ok(PurchaseOutcome::Duplicate)) = &answer {
+            self.duplicate_true(user).await;
+        }
         answer
     }
 
+    /// Whether a buyer still tries: a second past the end of the clicks' window.
+    fn sale_lasts(&self) -> bool {
+        self.faults.elapsed().as_millis() as u64 <= self.cfg.sale_ms + 1_000
+    }
+
+    /// A user's clicks: one, and one more if the order page shows the first one's order failed
+    /// while the sale lasts (DESIGN §6: a failed order frees its user to buy again).
     pub(super) async fn click(&self, ep: &Endpoint, engine: SocketAddr, user: UserId) {
+        if self.click_once(ep, engine, user).await == Some(OrderState::Failed) && self.sale_lasts() {
+            self.faults.cover(Target::ClickedAfterFailedPage);
+            self.click_once(ep, engine, user).await;
+        }
+    }
+
+    /// One purchase with its retries and follow-up -> the state the order page last showed for
+    /// the reservation the user was told "queued" for.
+    async fn click_once(&self, ep: &Endpoint, engine: SocketAddr, user: UserId) -> Option<OrderState> {
         let mut answer = self.purchase(ep, engine, user).await;
         // A persistent buyer tries again while the sale lasts (bounded: a few tries).
         for _ in 0..self.cfg.retries_when_sold_out {
             if !matches!(
                 answer,
                 Ok(Ok(PurchaseOutcome::SoldOut | PurchaseOutcome::Unavailable { .. })) | Err(_)
-            ) || self.faults.elapsed().as_millis() as u64 > self.cfg.sale_ms + 1_000
+            ) || !self.sale_lasts()
             {
                 break;
             }
@@ -264,10 +283,13 @@ impl World {
                 h.queued_users.insert(r.id.to_string(), r.user);
                 h.queued_at.insert(r.id.to_string(), self.faults.elapsed());
             }
-            self.follow_up(ep, engine, r.user, Some(r.id)).await;
+            self.follow_up(ep, engine, r.user, Some(r.id)).await
         } else if let Ok(Ok(PurchaseOutcome::Duplicate)) = answer {
             // "You already have one": the user looks at the order page (and pays).
             self.follow_up(ep, engine, user, None).await;
+            None
+        } else {
+            None
         }
     }
 
@@ -344,8 +366,9 @@ impl World {
     /// newer reservation is shown before it — "your order failed" would send the buyer away
     /// from a unit that is theirs). Read raw when the page arrives: `expect` still open in the
     /// outbox, the user marked, no other open reservation of the user and no live order in the
-    /// ledger. Then the mark was there when the page was made, unless Redis restarted or lost a
-    /// key since it was asked for: a mark comes only with a reserve (its entry open until a
+    /// ledger. Then the mark was there when the page was made, unless Redis lost data since it
+    /// was asked for, or before with no recovery finished since (`loss_unrepaired`): a mark
+    /// comes only with a reserve (its entry open until a
     /// settle, whose order is live, or a release, which takes the mark too) or with a rebuild
     /// (which marks live buyers, and deletes an open entry the ledger lacks).
     pub(super) async fn queued_before_failed(
@@ -360,10 +383,10 @@ impl World {
         if v.state != OrderState::Failed || v.reservation == Some(expect) {
             return;
         }
-        let lost = self.redis.last_loss();
-        if lost.is_some_and(|at| at >= sent) {
+        if self.redis.loss_unrepaired(sent) {
             return;
         }
+        let lost = self.redis.last_loss();
         let (rid, own) = (expect.to_string(), self.god.plan.route(user));
         let mine = format!("{user}|");
         let (open, others, marked) = self.redis.model.read(|ks| {
@@ -383,14 +406,7 @@ impl World {
         if !(open && marked) || others {
             return;
         }
-        let live = self
-            .god
-            .ledger
-            .order_of(ACTIVITY, user)
-            .await
-            .expect("in-process")
-            .is_some_and(|o| o.status != OrderStatus::Failed);
-        if !live {
+        if !self.holds_live_order(user).await {
             self.record(
                 vec![inv::Violation {
                     invariant: inv::Invariant::S7AnswersTrue,
@@ -408,14 +424,15 @@ impl World {
     }
 
     /// The user checks the order page until the order shows, then (mostly) pays. With `expect`,
-    /// only that reservation counts as this user's order.
+    /// only that reservation counts as this user's order -> the state the page last showed for
+    /// `expect`.
     pub(super) async fn follow_up(
         &self,
         ep: &Endpoint,
         engine: SocketAddr,
         user: UserId,
         expect: Option<seckill_engine::domain::ReservationId>,
-    ) {
+    ) -> Option<OrderState> {
         // The user checks the order page a few times until the order shows up.
         let mut view = None;
         for _ in 0..5 {
@@ -437,10 +454,13 @@ impl World {
         }
         // Confirmed only if the ledger's order of this user IS this reservation (after a Redis
         // loss the user may hold an order from another one).
-        let Some(view) = view else { return };
-        let Some(id) = view.reservation else { return };
-        if !matches!(view.state, OrderState::Created | OrderState::Paid) || expect.is_some_and(|e| e != id) {
-            return;
+        let view = view?;
+        let id = view.reservation?;
+        if expect.is_some_and(|e| e != id) {
+            return None;
+        }
+        if !matches!(view.state, OrderState::Created | OrderState::Paid) {
+            return Some(view.state);
         }
         let rid = id.to_string();
         // Some users never pay (DESIGN §9 workload).
@@ -456,5 +476,6 @@ impl World {
             if paid { "paid" } else { "created" }
         ));
         self.history.lock().expect("history").confirmed.push(rid);
+        Some(view.state)
     }
 }

@@ -74,6 +74,11 @@ fn redis_loss() {
 }
 
 #[test]
+fn jobs_away() {
+    sweep(Scenario::JobsAway);
+}
+
+#[test]
 fn chaos() {
     sweep(Scenario::Chaos);
     // A rescued record whose ack was lost landed after the drain that followed the rescue and
