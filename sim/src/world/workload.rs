@@ -368,9 +368,9 @@ impl World {
     /// outbox, the user marked, no other open reservation of the user and no live order in the
     /// ledger. Then the mark was there when the page was made, unless Redis lost data since it
     /// was asked for, or before with no recovery finished since (`loss_unrepaired`): a mark
-    /// comes only with a reserve (its entry open until a
-    /// settle, whose order is live, or a release, which takes the mark too) or with a rebuild
-    /// (which marks live buyers, and deletes an open entry the ledger lacks).
+    /// comes only with a reserve (its entry open until a settle, whose order is live, or a
+    /// release, which takes the mark too) or with a rebuild (which marks live buyers, and
+    /// deletes an open entry the ledger lacks).
     pub(super) async fn queued_before_failed(
         &self,
         user: UserId,
