@@ -33,6 +33,15 @@ impl Snapshot {
             .collect()
     }
 
+    /// The reservations of the ledger's created and paid orders (those that hold their units).
+    pub fn holding_reservations(&self) -> BTreeSet<&str> {
+        self.orders
+            .iter()
+            .filter(|o| o.status.holds_stock())
+            .map(|o| o.reservation.as_str())
+            .collect()
+    }
+
     /// Units held by the ledger's created and paid orders.
     pub fn units_sold(&self) -> u64 {
         self.orders
@@ -55,6 +64,10 @@ pub struct BucketState {
     pub open: Vec<OpenReservation>,
     /// Users marked in `sk:{A.b}:buyers` (holding a unit, or a fallback attempt, via this bucket).
     pub buyers: Vec<u64>,
+    /// Users with a pending-fallback mark here: an attempt that has not resolved (yet).
+    pub pending: Vec<u64>,
+    /// Cancelled orders' reservations whose units Redis has taken back into this bucket.
+    pub released_cancels: Vec<String>,
     /// Units moved into / out of this bucket by rebalancing (DESIGN §4), net of acknowledgement.
     pub transfers_in: u64,
     pub transfers_out: u64,
@@ -432,12 +445,7 @@ pub fn check_safety(s: &Snapshot) -> Vec<Violation> {
 /// quiescence.
 pub fn r1_reconciled(s: &Snapshot) -> Vec<Violation> {
     let sold = ledger_units_by_bucket(s);
-    let in_ledger: BTreeSet<&str> = s
-        .orders
-        .iter()
-        .filter(|o| o.status.holds_stock())
-        .map(|o| o.reservation.as_str())
-        .collect();
+    let in_ledger = s.holding_reservations();
     let mut out = Vec::new();
     for b in &s.buckets {
         let Some(stock) = b.redis_stock else {
@@ -638,6 +646,160 @@ pub fn r1_no_failed_orders(s: &Snapshot) -> Vec<Violation> {
             )
         })
         .collect()
+}
+
+/// R1 at every look, not only at quiescence, while Redis loses nothing: in each bucket, Redis's
+/// stock, the open reservations the ledger lacks, the ledger's units sold, the cancelled units
+/// on their way back (cancelled in the ledger, neither open nor taken back by Redis), and the
+/// transfers out less the transfers in add up to the bucket's initial stock. Every step of the
+/// protocol moves units within one store at a time, in an order that keeps this sum (the
+/// reconciler's own account), so with both stores read at one instant a step that loses or
+/// doubles a unit shows at once, before a backstop (the reconciler, a recovery's rebuild) or the
+/// final look could hide it. A bucket without its stock key is left to [`r1_reconciled`].
+pub fn r1_units_conserved(s: &Snapshot) -> Vec<Violation> {
+    let open: BTreeSet<&str> = s
+        .buckets
+        .iter()
+        .flat_map(|b| b.open.iter().map(|r| r.reservation.as_str()))
+        .collect();
+    let held = s.holding_reservations();
+    s.buckets
+        .iter()
+        .filter_map(|b| {
+            let released: BTreeSet<&str> = b.released_cancels.iter().map(String::as_str).collect();
+            let unordered: u64 = b
+                .open
+                .iter()
+                .filter(|o| !held.contains(o.reservation.as_str()))
+                .map(|o| o.qty)
+                .sum();
+            let orders = || s.orders.iter().filter(|o| o.bucket == b.bucket);
+            let sold: u64 = orders().filter(|o| o.status.holds_stock()).map(|o| o.qty).sum();
+            let returning: u64 = orders()
+                .filter(|o| o.status == OrderStatus::Cancelled)
+                .filter(|o| !released.contains(o.reservation.as_str()) && !open.contains(o.reservation.as_str()))
+                .map(|o| o.qty)
+                .sum();
+            let stock = b.redis_stock?;
+            let sum = stock + (unordered + sold + returning + b.transfers_out) as i64 - b.transfers_in as i64;
+            (sum != b.initial as i64).then(|| {
+                violation(
+                    Invariant::R1Reconciled,
+                    Some(b.bucket),
+                    format!(
+                        "redis {stock} + open unordered {unordered} + sold {sold} + cancelled on their way back \
+                         {returning} + out {} - in {} = {sum}, initial {}",
+                        b.transfers_out, b.transfers_in, b.initial
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// R1, bounded failures: an order fails for want of a unit only where Redis sold one it did not
+/// have, and only a loss of Redis data makes Redis hold more than the ledger can sell — so no
+/// more orders of a bucket fail (`failed`, per bucket) than Redis's losses gave it units. What a
+/// loss gave: the units Redis came back with above what it held (`restored`: a key it lost
+/// counts whole), or, where that is more, the units of the reserves it lost whose orders the
+/// ledger took (`sold_twice`: a release lost in the same window can make the stock come back no
+/// higher while those units are sold twice). A unit given back to Redis after its order failed
+/// is sold and fails again: a bug in that follow-up shows here.
+pub fn r1_failed_orders_bounded(
+    failed: &BTreeMap<u32, u64>,
+    restored: &BTreeMap<u32, u64>,
+    sold_twice: &BTreeMap<u32, u64>,
+) -> Vec<Violation> {
+    failed
+        .iter()
+        .filter_map(|(&bucket, &failed)| {
+            let units = |m: &BTreeMap<u32, u64>| m.get(&bucket).copied().unwrap_or(0);
+            let gained = units(restored).max(units(sold_twice));
+            (failed > gained).then(|| {
+                violation(
+                    Invariant::R1Reconciled,
+                    Some(bucket),
+                    format!(
+                        "{failed} orders failed for want of a unit, and Redis restarts gave the \
+                         bucket {gained} units more than it held"
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// L2 bounded undersell, at quiescence of a sale whose demand exceeded its stock: no unit is left
+/// unsold in Redis.
+pub fn l2_bounded_undersell(s: &Snapshot) -> Vec<Violation> {
+    let unsold: i64 = s.buckets.iter().filter_map(|b| b.redis_stock).sum();
+    if unsold <= 0 {
+        return Vec::new();
+    }
+    vec![violation(
+        Invariant::L2BoundedUndersell,
+        None,
+        format!(
+            "{unsold} units left unsold although demand exceeded stock (per bucket: {:?})",
+            s.buckets
+                .iter()
+                .map(|b| b.redis_stock.unwrap_or(0))
+                .collect::<Vec<_>>()
+        ),
+    )]
+}
+
+/// S5's ground: a gate's intent version (per bucket, read at two looks, `before` and `now`)
+/// never goes back while Redis lives. The gates enforce the operator's latest intent only
+/// because an older write — a call that was overtaken, a recovery's reopen with the intent it
+/// read before a pause — never overrides a newer one; a version going back is a newer intent
+/// undone (a pause lifted, a resume lost). The caller starts over after a Redis restart, which
+/// may bring back an older gate (its write was past the AOF window) that the recovery reopens.
+pub fn s5_intents_move_forward(before: &BTreeMap<u32, u64>, now: &BTreeMap<u32, u64>) -> Vec<Violation> {
+    now.iter()
+        .filter_map(|(&b, &v)| {
+            let before = before.get(&b).copied().filter(|before| *before > v)?;
+            Some(violation(
+                Invariant::S5PauseHolds,
+                Some(b),
+                format!(
+                    "the gate's intent went from version {before} back to {v}: an older intent \
+                     overrode a newer one"
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// S7 for a "duplicate" answer to `user`, checked against a look taken when the answer arrived:
+/// "you already have one" is true while the user holds a live order or an open reservation. A
+/// user marked a buyer in some bucket, with no open reservation or pending mark anywhere and no
+/// live order in the ledger, holds a mark nothing justifies — a lockout the answer passed on.
+/// Every way a mark goes or stays moves it with the entry in one script, so this holds until
+/// Redis loses data; callers check it only where no loss is left unrepaired.
+pub fn s7_duplicate_true(s: &Snapshot, user: u64) -> Vec<Violation> {
+    if s.orders
+        .iter()
+        .any(|o| o.user == user && o.status != OrderStatus::Failed)
+    {
+        return Vec::new();
+    }
+    let marked: Vec<u32> = (s.buckets.iter())
+        .filter(|b| b.buyers.contains(&user))
+        .map(|b| b.bucket)
+        .collect();
+    let open = (s.buckets.iter()).any(|b| b.open.iter().any(|r| r.user == user) || b.pending.contains(&user));
+    if marked.is_empty() || open {
+        return Vec::new();
+    }
+    vec![violation(
+        Invariant::S7AnswersTrue,
+        marked.first().copied(),
+        format!(
+            "user {user} was told \"duplicate\" and is marked a buyer in buckets \
+             {marked:?}, yet holds no live order and no open reservation"
+        ),
+    )]
 }
 
 /// A short verdict line: `ok`, or `VIOLATED S1,R1`.
@@ -982,5 +1144,78 @@ mod tests {
         s.buckets[1].transfers_in = 2;
         assert_eq!(codes(&r1_reconciled(&s)), vec!["R1"]);
         assert!(r1_reconciled(&s)[0].detail.contains("ledger's journal -2"));
+    }
+
+    #[test]
+    fn r1_units_conserved_counts_a_cancel_on_its_way_back_once() {
+        let mut s = healthy();
+        assert_eq!(r1_units_conserved(&s), vec![]);
+        // order a is cancelled: its unit is on its way back until Redis takes it in
+        s.orders[0].status = OrderStatus::Cancelled;
+        assert_eq!(r1_units_conserved(&s), vec![]);
+        s.buckets[0].redis_stock = Some(4);
+        assert_eq!(
+            codes(&r1_units_conserved(&s)),
+            vec!["R1"],
+            "taken back, but not marked so"
+        );
+        s.buckets[0].released_cancels.push("a".into());
+        assert_eq!(r1_units_conserved(&s), vec![]);
+        s.buckets[1].redis_stock = None; // a lost key is the final look's business
+        assert_eq!(r1_units_conserved(&s), vec![]);
+    }
+
+    #[test]
+    fn r1_failed_orders_bounded_by_what_the_losses_gave() {
+        let m = |pairs: &[(u32, u64)]| pairs.iter().copied().collect::<BTreeMap<u32, u64>>();
+        let failed = m(&[(0, 2), (1, 1)]);
+        assert_eq!(
+            r1_failed_orders_bounded(&failed, &m(&[(0, 2)]), &m(&[(1, 1)])),
+            vec![]
+        );
+        let v = r1_failed_orders_bounded(&failed, &m(&[(0, 1)]), &m(&[(0, 1), (1, 3)]));
+        assert_eq!((codes(&v), v[0].bucket), (vec!["R1"], Some(0)));
+        assert!(v[0].detail.starts_with("2 orders failed"), "{}", v[0].detail);
+    }
+
+    #[test]
+    fn l2_flags_units_left_unsold() {
+        let mut s = healthy();
+        assert_eq!(codes(&l2_bounded_undersell(&s)), vec!["L2"]);
+        s.buckets[0].redis_stock = Some(0);
+        s.buckets[1].redis_stock = None;
+        assert_eq!(l2_bounded_undersell(&s), vec![]);
+    }
+
+    #[test]
+    fn s5_flags_an_intent_version_going_back() {
+        let before = BTreeMap::from([(0, 3), (1, 5)]);
+        assert_eq!(
+            s5_intents_move_forward(&before, &BTreeMap::from([(0, 3), (1, 6), (2, 1)])),
+            vec![]
+        );
+        let v = s5_intents_move_forward(&before, &BTreeMap::from([(0, 4), (1, 4)]));
+        assert_eq!((codes(&v), v[0].bucket), (vec!["S5"], Some(1)));
+    }
+
+    #[test]
+    fn s7_duplicate_is_true_only_for_a_holder() {
+        let mut s = healthy();
+        assert_eq!(s7_duplicate_true(&s, 1), vec![], "user 1 holds order a");
+        assert_eq!(
+            s7_duplicate_true(&s, 3),
+            vec![],
+            "user 3 holds an open reservation"
+        );
+        assert_eq!(
+            s7_duplicate_true(&s, 8),
+            vec![],
+            "user 8 is not marked: the answer was stale, not a lockout"
+        );
+        s.buckets[1].buyers.push(9); // user 9's only order failed, its mark stayed
+        let v = s7_duplicate_true(&s, 9);
+        assert_eq!((codes(&v), v[0].bucket), (vec!["S7"], Some(1)));
+        s.buckets[0].pending.push(9); // ... unless an attempt of its own is pending
+        assert_eq!(s7_duplicate_true(&s, 9), vec![]);
     }
 }

@@ -118,6 +118,8 @@ pub fn snapshot_of(redis: &CacheView, db: &LedgerView, plan: &StockPlan) -> Snap
                     })
                     .collect(),
                 buyers: b.buyers.iter().map(|u| u.0).collect(),
+                pending: b.pending.iter().map(|p| p.user.0).collect(),
+                released_cancels: b.cancelled_released.iter().map(|id| id.to_string()).collect(),
                 transfers_in: b.transfers_in,
                 transfers_out: b.transfers_out,
                 ledger_initial: row.map(|r| r.initial),

@@ -21,69 +21,10 @@ pub(super) struct GodView {
 }
 
 impl GodView {
+    /// The ledger and Redis (read raw) at one instant, as the invariants see them.
     pub(super) async fn snapshot(&self) -> inv::Snapshot {
-        self.read().await.0
-    }
-
-    /// The snapshot, with the raw view of Redis it was made of (both read at one instant).
-    pub(super) async fn read(&self) -> (inv::Snapshot, CacheView) {
         let db = self.ledger.snapshot(ACTIVITY).await.expect("in-process");
-        let raw = self.raw_redis();
-        (audit::snapshot_of(&raw, &db, &self.plan), raw)
-    }
-
-    /// R1 at every look while Redis loses nothing, from a snapshot (`snap`, through the audit's
-    /// mapping) and the raw view it was made of: in each bucket, Redis's stock, the open
-    /// reservations the ledger lacks, the ledger's units sold, the cancelled units on their way
-    /// back, and the transfers out less the transfers in add up to the bucket's initial stock.
-    /// Every step of the protocol moves units within one store at a time, in an order that keeps
-    /// this sum (the reconciler's own account, DESIGN R1), and both stores are read at one
-    /// instant — so a step that loses or doubles a unit shows at once, before a backstop (the
-    /// reconciler, a recovery's rebuild) or the final look could hide it.
-    pub(super) fn units_conserved(snap: &inv::Snapshot, raw: &CacheView) -> Vec<inv::Violation> {
-        let open: std::collections::BTreeSet<&str> = snap
-            .buckets
-            .iter()
-            .flat_map(|b| b.open.iter().map(|r| r.reservation.as_str()))
-            .collect();
-        let held: std::collections::BTreeSet<&str> = snap
-            .orders
-            .iter()
-            .filter(|o| o.status.holds_stock())
-            .map(|o| o.reservation.as_str())
-            .collect();
-        snap.buckets
-            .iter()
-            .zip(&raw.buckets)
-            .filter_map(|(b, r)| {
-                let released: std::collections::BTreeSet<String> =
-                    r.cancelled_released.iter().map(|id| id.to_string()).collect();
-                let unordered: u64 = b
-                    .open
-                    .iter()
-                    .filter(|o| !held.contains(o.reservation.as_str()))
-                    .map(|o| o.qty)
-                    .sum();
-                let orders = || snap.orders.iter().filter(|o| o.bucket == b.bucket);
-                let sold: u64 = orders().filter(|o| o.status.holds_stock()).map(|o| o.qty).sum();
-                let returning: u64 = orders()
-                    .filter(|o| o.status == OrderStatus::Cancelled)
-                    .filter(|o| !released.contains(&o.reservation) && !open.contains(o.reservation.as_str()))
-                    .map(|o| o.qty)
-                    .sum();
-                let stock = b.redis_stock?;
-                let sum = stock + (unordered + sold + returning + b.transfers_out) as i64 - b.transfers_in as i64;
-                (sum != b.initial as i64).then(|| inv::Violation {
-                    invariant: inv::Invariant::R1Reconciled,
-                    bucket: Some(b.bucket),
-                    detail: format!(
-                        "redis {stock} + open unordered {unordered} + sold {sold} + cancelled on their way back \
-                         {returning} + out {} - in {} = {sum}, initial {}",
-                        b.transfers_out, b.transfers_in, b.initial
-                    ),
-                })
-            })
-            .collect()
+        audit::snapshot_of(&self.raw_redis(), &db, &self.plan)
     }
 
     /// S6 over the gates read raw, against the registry's generation at the same instant (both
@@ -216,10 +157,10 @@ impl World {
     pub(super) async fn check_continuously(self: Arc<Self>) {
         loop {
             tokio::time::sleep(CHECK_EVERY).await;
-            let (snap, raw) = self.god.read().await;
+            let snap = self.god.snapshot().await;
             self.record(self.safety(&snap), Verdict::Safety);
             if self.cfg.scenario.checks(self.cfg.jobs).s2_redis || self.recovered_since_loss() {
-                self.record(GodView::units_conserved(&snap, &raw), Verdict::Safety);
+                self.record(inv::r1_units_conserved(&snap), Verdict::Safety);
             }
             self.record(self.god.generation_fenced().await, Verdict::Safety);
             self.record(self.transfers_acked(), Verdict::Safety);
@@ -260,12 +201,8 @@ impl World {
             .collect()
     }
 
-    /// S5's ground: a gate's intent version never goes back while Redis lives (read raw). The
-    /// gates enforce the operator's latest intent only because an older write — a call that was
-    /// overtaken, a recovery's reopen with the intent it read before a pause — never overrides a
-    /// newer one; a version going back is a newer intent undone (a pause lifted, a resume lost).
-    /// A restart may bring back an older gate (its write was past the AOF window): the recovery
-    /// reopens it to the registry's intent, and the look starts over.
+    /// S5's ground ([`inv::s5_intents_move_forward`]) over the gates' intent versions read raw,
+    /// against those of the last look since Redis last restarted.
     pub(super) fn gates_move_forward(&self) -> Vec<inv::Violation> {
         use seckill_engine::adapters::embedded::Value;
         use seckill_engine::adapters::script::gate_key;
@@ -288,19 +225,8 @@ impl World {
         if seen.0 != restarted {
             *seen = (restarted, BTreeMap::new());
         }
-        let mut out = Vec::new();
-        for (b, v) in now {
-            if let Some(before) = seen.1.insert(b, v).filter(|before| *before > v) {
-                out.push(inv::Violation {
-                    invariant: inv::Invariant::S5PauseHolds,
-                    bucket: Some(b),
-                    detail: format!(
-                        "the gate's intent went from version {before} back to {v}: an older intent \
-                         overrode a newer one"
-                    ),
-                });
-            }
-        }
+        let out = inv::s5_intents_move_forward(&seen.1, &now);
+        seen.1.extend(now);
         out
     }
 
@@ -702,57 +628,29 @@ impl World {
             .is_some_and(|o| o.status != OrderStatus::Failed)
     }
 
-    /// S7 for a "duplicate" answer: "you already have one" is true while the user holds a live
-    /// order or an open reservation. Read raw when the answer arrives: the user still marked in
-    /// some bucket, no open reservation or pending mark of theirs anywhere, and no live order in
-    /// the ledger is a mark nothing justifies — a lockout the answer passed on. Every way a mark
-    /// goes or stays moves it with the entry in one script (a reserve writes both; a settle
-    /// leaves a live order; a release takes both, or keeps the mark of a user holding another
-    /// order; a rebuild marks live buyers only) — until Redis loses data: a lost key takes the
-    /// entries and keeps the marks, and a restart keeps what it kept of operations made of more
-    /// than one script (a release on the bucket the unit came from, then on the user's own).
-    /// Redis-loss seeds 131067414 and 131067458 showed a user marked with no order and nothing
-    /// open 35 ms after a restart (not traced further). So the check holds where no loss is
-    /// left unrepaired (`RedisStore::loss_unrepaired`): with no loss, or after a recovery
-    /// finished since.
+    /// S7 for a "duplicate" answer ([`inv::s7_duplicate_true`]), at the instant the answer
+    /// arrives. Every way a mark goes or stays moves it with the entry in one script (a reserve
+    /// writes both; a settle leaves a live order; a release takes both, or keeps the mark of a
+    /// user holding another order; a rebuild marks live buyers only) — until Redis loses data: a
+    /// lost key takes the entries and keeps the marks, and a restart keeps what it kept of
+    /// operations made of more than one script (a release on the bucket the unit came from, then
+    /// on the user's own). Redis-loss seeds 131067414 and 131067458 showed a user marked with no
+    /// order and nothing open 35 ms after a restart (not traced further). So the check holds
+    /// where no loss is left unrepaired (`RedisStore::loss_unrepaired`): with no loss, or after a
+    /// recovery finished since.
     pub(super) async fn duplicate_true(&self, user: UserId) {
         // Most users told "duplicate" hold a live order: one ledger lookup settles it, before a
-        // read of every bucket.
+        // look at everything.
         if self.redis.loss_unrepaired(self.faults.elapsed()) || self.holds_live_order(user).await {
             return;
         }
-        let view = self.god.raw_redis();
-        let marked: Vec<u32> = (view.buckets.iter())
-            .filter(|b| b.buyers.contains(&user))
-            .map(|b| b.bucket.0)
-            .collect();
-        let open = view
-            .buckets
-            .iter()
-            .any(|b| b.open.iter().any(|r| r.user == user) || b.pending.iter().any(|p| p.user == user));
-        if marked.is_empty() || open {
-            return;
-        }
-        self.record(
-            vec![inv::Violation {
-                invariant: inv::Invariant::S7AnswersTrue,
-                bucket: marked.first().copied(),
-                detail: format!(
-                    "user {user} was told \"duplicate\" and is marked a buyer in buckets \
-                     {marked:?}, yet holds no live order and no open reservation"
-                ),
-            }],
-            Verdict::Safety,
-        );
+        let snap = self.god.snapshot().await;
+        self.record(inv::s7_duplicate_true(&snap, user.0), Verdict::Safety);
     }
 
-    /// Bounded failed orders: an order fails for want of a unit only where Redis sold one it
-    /// did not have, and only a restart makes Redis hold more than the ledger can sell — no more
-    /// orders of a bucket fail than its restarts gave it units (a unit given back to Redis
-    /// after its order failed is sold and fails again). What a restart gave: the units it came
-    /// back with above what it held (a key it lost counts whole), or, where that is more, the
-    /// units of the reserves it lost whose orders the ledger took (a release lost in the same
-    /// window can make the stock come back no higher while those units are sold twice).
+    /// R1, bounded failures ([`inv::r1_failed_orders_bounded`]): the orders that failed for want
+    /// of a unit (counted as the ledger refused them) against what Redis's restarts gave each
+    /// bucket (counted as they happened).
     pub(super) fn failed_orders_bounded(
         &self,
         db: &seckill_engine::ports::LedgerView,
@@ -761,28 +659,23 @@ impl World {
         let failed = self.ledger_log.out_of_stock.lock().expect("ledger log").clone();
         let overstated = self.redis.overstated.lock().expect("overstated").clone();
         let lost = self.redis.lost_reserves.lock().expect("lost reserves").clone();
-        let mut sold_twice: BTreeMap<String, u64> = BTreeMap::new();
+        let bucket_of: BTreeMap<String, u32> = self
+            .god
+            .plan
+            .all_buckets()
+            .map(|b| (stock_key(ACTIVITY, b), b.0))
+            .collect();
+        let per_bucket = |key: &String| bucket_of.get(key).copied();
+        let restored: BTreeMap<u32, u64> = (overstated.iter())
+            .filter_map(|(key, units)| Some((per_bucket(key)?, *units)))
+            .collect();
+        let mut sold_twice: BTreeMap<u32, u64> = BTreeMap::new();
         for o in db.orders.iter().filter(|o| o.status != OrderStatus::Failed) {
-            if let Some(key) = lost.get(&o.reservation.id.to_string()) {
-                *sold_twice.entry(key.clone()).or_default() += u64::from(o.reservation.qty);
+            if let Some(b) = lost.get(&o.reservation.id.to_string()).and_then(per_bucket) {
+                *sold_twice.entry(b).or_default() += u64::from(o.reservation.qty);
             }
         }
-        failed
-            .into_iter()
-            .filter_map(|(bucket, failed)| {
-                let key = stock_key(ACTIVITY, BucketNo(bucket));
-                let gained = overstated.get(&key).copied().unwrap_or(0);
-                let gained = gained.max(sold_twice.get(&key).copied().unwrap_or(0));
-                (failed > gained).then(|| inv::Violation {
-                    invariant: inv::Invariant::R1Reconciled,
-                    bucket: Some(bucket),
-                    detail: format!(
-                        "{failed} orders failed for want of a unit, and Redis restarts gave the \
-                         bucket {gained} units more than it held"
-                    ),
-                })
-            })
-            .collect()
+        inv::r1_failed_orders_bounded(&failed, &restored, &sold_twice)
     }
 
     pub(super) async fn final_checks(&self, drained: bool) {
@@ -807,20 +700,7 @@ impl World {
             self.record(self.refusals_without_loss(), Verdict::Safety);
         }
         if checks.l2 {
-            let unsold: i64 = snap.buckets.iter().filter_map(|b| b.redis_stock).sum();
-            if unsold > 0 {
-                live.push(inv::Violation {
-                    invariant: inv::Invariant::L2BoundedUndersell,
-                    bucket: None,
-                    detail: format!(
-                        "{unsold} units left unsold although demand exceeded stock (per bucket: {:?})",
-                        snap.buckets
-                            .iter()
-                            .map(|b| b.redis_stock.unwrap_or(0))
-                            .collect::<Vec<_>>()
-                    ),
-                });
-            }
+            live.extend(inv::l2_bounded_undersell(&snap));
         }
         if checks.l1 {
             let queued = self.history.lock().expect("history").queued.clone();
