@@ -178,8 +178,8 @@ thread_local! {
 type LongStallHook = Box<dyn Fn(Site)>;
 
 /// The long fault points (`stall_once`): each fires at most once per run, where the simulation
-/// arms it (`enable_stalls`, a mask of `Site::bit`s). The number is the site's bit and its name
-/// in a report's counters (`long_stall_<n>`).
+/// arms it (`enable_stalls`, a mask of `Site::bit`s). The number is the site's bit; a report
+/// counts a site that fired as `long_stall_<name>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Site {
     /// A recovery between its snapshot of the ledger and its rebuild.
@@ -197,6 +197,18 @@ pub enum Site {
 }
 
 impl Site {
+    /// The site's name: its variant's, in snake_case.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Site::RecoveryRebuild => "recovery_rebuild",
+            Site::RecoveryReopen => "recovery_reopen",
+            Site::RebalanceTake => "rebalance_take",
+            Site::RecoveryBump => "recovery_bump",
+            Site::RecoveryFinish => "recovery_finish",
+            Site::RecoveryClose => "recovery_close",
+        }
+    }
+
     /// The site's bit in a mask of sites.
     pub const fn bit(self) -> u64 {
         1 << self as u32

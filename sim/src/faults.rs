@@ -4,7 +4,7 @@
 //! RNG, so a seed fires the same faults at the same points. Shared state sits behind std
 //! mutexes: the simulation runs on one thread and nothing awaits while one is held.
 
-use crate::world::Target;
+use crate::world::{Fault, Target};
 use madsim::rand::{thread_rng, Rng};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -97,6 +97,42 @@ pub struct TransferDone {
     pub from: u32,
     /// When the pass that made it began (a Redis restart after this may have lost the ack).
     pub since: Duration,
+}
+
+/// What a report's counters count: a fault that fired, named as its [`Fault`] (a knob's hits
+/// count as the fault the knob belongs to, whichever window turned it on), or an effect of one
+/// that belongs to no fault of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fired {
+    Fault(Fault),
+    /// An engine fault point held long (`planted::stall_once`): `long_stall_<site>`.
+    LongStall(seckill_engine::planted::Site),
+    /// The broker moved a consumer group's partitions (a member left, joined or was paused past
+    /// its session).
+    GroupRebalance,
+    /// The broker refused the commit of a member that had lost its partitions.
+    LateCommitRefused,
+    /// A restart held Redis down a while before it came back (`chaos` only).
+    RedisDownAWhile,
+}
+
+impl Fired {
+    /// The counter's name in reports: the fault's, or the variant's in snake_case.
+    pub fn name(self) -> String {
+        match self {
+            Fired::Fault(f) => f.name(),
+            Fired::LongStall(site) => format!("long_stall_{}", site.name()),
+            Fired::GroupRebalance => "group_rebalance".into(),
+            Fired::LateCommitRefused => "late_commit_refused".into(),
+            Fired::RedisDownAWhile => "redis_down_a_while".into(),
+        }
+    }
+}
+
+impl From<Fault> for Fired {
+    fn from(f: Fault) -> Fired {
+        Fired::Fault(f)
+    }
 }
 
 /// Events kept for a failure report.
@@ -230,14 +266,10 @@ impl Faults {
     }
 
     /// Count a fault that actually fired, and trace it.
-    pub fn fired(&self, name: &str) {
-        *self
-            .fired
-            .lock()
-            .expect("fired")
-            .entry(name.to_string())
-            .or_insert(0) += 1;
+    pub fn fired(&self, what: impl Into<Fired>) {
+        let name = what.into().name();
         self.event(format!("fault {name}"));
+        *self.fired.lock().expect("fired").entry(name).or_insert(0) += 1;
     }
 
     pub fn counters(&self) -> BTreeMap<String, u64> {

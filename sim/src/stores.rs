@@ -5,9 +5,9 @@
 //! survives: Redis loses everything (volatile) or comes back from its last AOF image; the ledger
 //! and the Kafka log are durable. A store's faults are drawn per request from the world's knobs.
 
-use crate::faults::{chance, delay_up_to, Faults};
+use crate::faults::{chance, delay_up_to, Faults, Fired};
 use crate::rpc::{self, addr};
-use crate::world::Target;
+use crate::world::{Fault, Target};
 use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
 use seckill_engine::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
@@ -66,10 +66,7 @@ async fn held_back<R: madsim::net::rpc::Request>(
     let late = timeout
         + faults.knobs().delivered_late_floor
         + Duration::from_micros(thread_rng().gen_range(0..=DELIVERED_LATE_MAX.as_micros() as u64));
-    faults.fired(match store {
-        rpc::REDIS => "redis_delivered_late",
-        _ => "mysql_delivered_late",
-    });
+    faults.fired(Fault::DeliveredLate);
     faults.held_back_for(late);
     let ep = ep.clone();
     tokio::spawn(async move {
@@ -420,7 +417,7 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
             // (at the standard size thousands queue; drawn at arrival, 5% of them kept Redis
             // blocked for half a minute after the heal).
             if chance(f.knobs().redis_slow_script) {
-                f.fired("redis_slow_script");
+                f.fired(Fault::RedisSlowScript);
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
             // warmup.lua's bucket op (KEYS stock, gate), transfer.lua's give (KEYS stock, xfer,
@@ -439,7 +436,7 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                 };
                 if let Some(writer) = writer {
                     *armed = None;
-                    f.fired("redis_key_lost");
+                    f.fired(Fault::RedisKeyLost);
                     f.event(format!("redis: {} lost as {writer} writes it", req.keys[0]));
                     s.lose_key(&req.keys[0], f.elapsed());
                 }
@@ -593,7 +590,7 @@ impl ScriptConn for SimRedis {
             // The script ran and its reply was lost with the connection; the client reconnects
             // and sends it again (redis-rs's cluster client does, `retries(n)`): the caller hears
             // the second run's reply, whatever the first did.
-            self.faults.fired("redis_resent");
+            self.faults.fired(Fault::RedisResend);
             let _ = self
                 .ep
                 .call_timeout(addr(rpc::REDIS), req.clone(), REDIS_TIMEOUT)
@@ -676,7 +673,7 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
         async move {
             let knobs = f.knobs();
             if chance(knobs.ledger_conn_loss) {
-                f.fired("ledger_conn_loss");
+                f.fired(Fault::LedgerConnLoss);
                 tokio::time::sleep(Duration::from_secs(30)).await; // the client gives up first
                 return Err(PortError::indeterminate("apply", "connection lost"));
             }
@@ -684,13 +681,13 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
             if chance(knobs.ledger_stalled_txn) {
                 // The worker went silent inside the batch's transaction, its shared lock on the
                 // generation taken: the server rolls it back when its idle timeout runs out.
-                f.fired("ledger_stalled_txn");
+                f.fired(Fault::LedgerStalledTxn);
                 let idle = thread_rng().gen_range(IDLE_TRANSACTION / 6..=IDLE_TRANSACTION);
                 tokio::time::sleep(idle).await;
                 return Err(PortError::indeterminate("apply", "connection lost"));
             }
             if chance(knobs.ledger_lock_wait) {
-                f.fired("ledger_lock_wait_timeout");
+                f.fired(Fault::LedgerLockWait);
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 return Err(PortError::determinate(
                     "apply",
@@ -747,7 +744,7 @@ pub async fn serve_ledger(ledger: EmbeddedLedger, faults: Arc<Faults>, log: Arc<
                 }
             }
             if chance(knobs.ledger_commit_unknown) {
-                f.fired("ledger_commit_unknown");
+                f.fired(Fault::LedgerCommitUnknown);
                 return Err(PortError::indeterminate("apply", "connection lost during COMMIT"));
             }
             out
@@ -897,7 +894,7 @@ impl SimLedger {
     ) -> PortResult<T> {
         let knobs = self.faults.knobs();
         if chance(knobs.ledger_deadlock) {
-            self.faults.fired("ledger_deadlock");
+            self.faults.fired(Fault::LedgerDeadlock);
             self.faults.cover(deadlock_victim(op));
             tokio::time::sleep(Duration::from_millis(20)).await;
             return Err(PortError::determinate(
@@ -1158,11 +1155,11 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
             let knobs = f.knobs();
             delay_up_to(knobs.mq_delay).await;
             if chance(knobs.mq_refuse) {
-                f.fired("mq_refused");
+                f.fired(Fault::MqRefuse);
                 return Err("NOT_ENOUGH_REPLICAS".to_string());
             }
             if chance(knobs.mq_lose_after_ack) {
-                f.fired("mq_lost_after_ack");
+                f.fired(Fault::MqLoseAfterAck);
                 if let Ok(r) = Reservation::decode(&req.payload) {
                     l.lost_after_ack.lock().expect("kafka").insert(r.id.to_string());
                 }
@@ -1172,7 +1169,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 // The write outlives the producer's timeout (replication is slow): the record is
                 // committed — visible to consumers — only after the producer gave up, and the
                 // producer never hears. What a producer must treat as "may have happened".
-                f.fired("mq_ack_lost");
+                f.fired(Fault::MqAckLost);
                 let lag_ms = madsim::rand::thread_rng().gen_range(400..LATE_APPEND_MAX.as_millis() as u64);
                 tokio::time::sleep(Duration::from_millis(lag_ms)).await;
                 l.append(&req.key, &req.payload);
@@ -1184,7 +1181,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 // with it the record, moves only when the follower catches up or is dropped
                 // from the ISR (`replica.lag.time.max.ms`, 30 s by default) — long after the
                 // producer gave up, and after a recovery's quiesce and drain.
-                f.fired("mq_visible_late");
+                f.fired(Fault::MqVisibleLate);
                 let arrived = f.elapsed();
                 let floor = LATE_APPEND_MAX.as_millis() as u64 + 600;
                 let lag_ms = madsim::rand::thread_rng().gen_range(floor..VISIBLE_LATE_MAX.as_millis() as u64);
@@ -1199,7 +1196,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
             }
             let offset = l.append(&req.key, &req.payload);
             if chance(knobs.mq_duplicate) {
-                f.fired("mq_duplicate");
+                f.fired(Fault::MqDuplicate);
                 l.append(&req.key, &req.payload);
             }
             Ok(offset)
@@ -1237,7 +1234,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 .get(&req.member)
                 .is_some_and(|ps| ps.contains(&req.partition));
             if group.generation != req.generation || !owns {
-                f.fired("late_commit_refused");
+                f.fired(Fired::LateCommitRefused);
                 // A revoked member's late commit: Kafka refuses it, the records go to the
                 // partition's new owner from the last accepted commit.
                 return Err(format!(
@@ -1262,7 +1259,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
             let partitions = st.partitions.len() as u32;
             let group = st.groups.entry(req.group).or_default();
             if group.sync(&req.member, partitions) {
-                f.fired("group_rebalance");
+                f.fired(Fired::GroupRebalance);
             }
             let mine = group.assignment.get(&req.member).cloned().unwrap_or_default();
             (group.generation, mine)
@@ -1280,7 +1277,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 .or_default()
                 .leave(&req.member, partitions)
             {
-                f.fired("group_rebalance");
+                f.fired(Fired::GroupRebalance);
             }
         }
     });
@@ -1300,7 +1297,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
         let (l, f) = (l.clone(), f.clone());
         async move {
             if chance(f.knobs().mq_rewind_fail) {
-                f.fired("mq_rewind_failed");
+                f.fired(Fault::MqRewindFail);
                 l.rewind_failed.lock().expect("kafka").insert(req.member);
                 return Err("seek failed: Local: Erroneous state".to_string());
             }

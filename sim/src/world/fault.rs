@@ -116,7 +116,16 @@ pub enum Fault {
     RedisRestartJobsAway,
 }
 
-/// A knob's probability while its window is open, else 0.
+impl Fault {
+    /// The name schedules, counters and the catalogue use: the variant's, in snake_case.
+    pub fn name(self) -> String {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(name)) => name,
+            other => unreachable!("a unit variant serializes as its name, not {other:?}"),
+        }
+    }
+}
+
 /// The knob of a window in which the broker loses records after their ack (one in five).
 pub(super) fn lose_after_ack(k: &mut crate::faults::Knobs, on: bool) {
     k.mq_lose_after_ack = prob(0.2, on);
@@ -138,6 +147,7 @@ pub(super) fn visible_late(k: &mut crate::faults::Knobs, on: bool) {
     k.mq_visible_late = prob(0.3, on);
 }
 
+/// A knob's probability while its window is open, else 0.
 pub(super) fn prob(p: f64, on: bool) -> f64 {
     if on {
         p

@@ -4,6 +4,7 @@
 use super::fault::{delay, delivered_late, lose_after_ack, prob, redis_resend, visible_late};
 use super::workload::Wave;
 use super::{Fault, Scenario, Scheduled, Target, World, ACTIVITY, CHECK_EVERY, RECOVERY_LONG_SITES};
+use crate::faults::Fired;
 use crate::stores::Persistence;
 use madsim::net::NetSim;
 use madsim::rand::{thread_rng, Rng};
@@ -61,7 +62,7 @@ impl World {
         let f = self.faults.clone();
         let pending = self.clone();
         planted::on_long_stall(move |site| {
-            f.fired(&format!("long_stall_{}", site as u32));
+            f.fired(Fired::LongStall(site));
             if site == Site::RebalanceTake {
                 let _ = tx.send(());
             } else if !pending
@@ -236,33 +237,39 @@ impl World {
         let f = &self.faults;
         let pick = |nodes: &[NodeHandle]| nodes[thread_rng().gen_range(0..nodes.len())].id();
         match fault {
-            Fault::ConsumerCrash => self.down_for(pick(&self.consumers), "consumer_crash", hold).await,
-            Fault::EngineCrash => self.down_for(pick(&self.engines), "engine_crash", hold).await,
-            Fault::JobsCrash => self.down_for(pick(&self.jobs_nodes), "jobs_crash", hold).await,
-            Fault::BrokerDown => self.down_for(self.kafka_node.id(), "broker_down", hold).await,
+            Fault::ConsumerCrash => {
+                self.down_for(pick(&self.consumers), Fault::ConsumerCrash, hold)
+                    .await
+            }
+            Fault::EngineCrash => self.down_for(pick(&self.engines), Fault::EngineCrash, hold).await,
+            Fault::JobsCrash => {
+                self.down_for(pick(&self.jobs_nodes), Fault::JobsCrash, hold)
+                    .await
+            }
+            Fault::BrokerDown => self.down_for(self.kafka_node.id(), Fault::BrokerDown, hold).await,
             Fault::BrokerDownAcrossRestart => {
                 let (w, at) = (self.clone(), hold.mul_f64(thread_rng().gen_range(0.3..0.9)));
                 self.in_background(async move {
                     tokio::time::sleep(at).await;
                     w.restart_redis(Fault::RedisRestartAof).await
                 });
-                self.down_for(self.kafka_node.id(), "broker_down", hold).await
+                self.down_for(self.kafka_node.id(), Fault::BrokerDown, hold).await
             }
             Fault::MysqlUnavailable => {
-                self.down_for(self.mysql_node.id(), "mysql_unavailable", hold)
+                self.down_for(self.mysql_node.id(), Fault::MysqlUnavailable, hold)
                     .await
             }
             Fault::ClockSkew => {
                 let i = thread_rng().gen_range(0..self.engines.len());
                 let skew = thread_rng().gen_range(-500..=500);
-                f.fired("clock_skew");
+                f.fired(Fault::ClockSkew);
                 f.event(format!("engine-{i} clock skewed {skew:+} ms"));
                 self.skews.lock().expect("skews")[i] = skew;
                 self.reboot(self.engines[i].id());
             }
             Fault::RedisRestartVolatile | Fault::RedisRestartAof => self.restart_redis(fault).await,
             Fault::RedisRestartJobsAway => {
-                f.fired("jobs_away_at_restart");
+                f.fired(Fault::RedisRestartJobsAway);
                 for n in &self.jobs_nodes {
                     self.handle.kill(n.id());
                 }
@@ -279,7 +286,7 @@ impl World {
                 });
             }
             Fault::RedisFailover => {
-                f.fired("redis_failover");
+                f.fired(Fault::RedisFailover);
                 // The replica holds what the primary held `lag` ago; the primary goes on taking
                 // writes until it dies.
                 let lag = thread_rng().gen_range(0..=self.timings.replica_lag_ms);
@@ -293,7 +300,7 @@ impl World {
                 self.reboot(self.redis_node.id());
             }
             Fault::RedisPartition => {
-                f.fired("redis_partition");
+                f.fired(Fault::RedisPartition);
                 NetSim::current().clog_node(self.redis_node.id());
                 tokio::time::sleep(hold).await;
                 NetSim::current().unclog_node(self.redis_node.id());
@@ -314,7 +321,7 @@ impl World {
                     1 => vec![(store.0, client.0)],
                     _ => vec![(client.0, store.0)],
                 };
-                f.fired("link_partition");
+                f.fired(Fault::LinkPartition);
                 f.event(format!(
                     "link {} node {} <-> {} cut {} for {} ms",
                     client.1,
@@ -418,12 +425,12 @@ impl World {
                         };
                         *w.redis.lose_at_write.lock().expect("lose at write") = Some(at);
                         if warmup {
-                            w.faults.fired("operator_warmup");
+                            w.faults.fired(Fault::OperatorWarmup);
                             w.operator_warmup().await;
                         }
                         return;
                     }
-                    w.faults.fired("redis_key_lost");
+                    w.faults.fired(Fault::RedisKeyLost);
                     w.faults.event(format!("redis: {key} lost"));
                     w.redis.lose_key(&key, w.faults.elapsed());
                     // The recovery recreates the gate: its versions start again.
@@ -438,14 +445,14 @@ impl World {
                     while !(w.faults.under_load() && w.healthy()) {
                         tokio::time::sleep(CHECK_EVERY).await;
                     }
-                    w.faults.fired("operator_warmup");
+                    w.faults.fired(Fault::OperatorWarmup);
                     w.operator_warmup().await
                 });
             }
             // Pauses overlap the faults that follow: the nemesis goes on while the node sleeps.
             Fault::EnginePause => {
                 let (w, id) = (self.clone(), pick(&self.engines));
-                self.in_background(async move { w.pause_for(id, "engine_pause", hold).await });
+                self.in_background(async move { w.pause_for(id, Fault::EnginePause, hold).await });
             }
             Fault::EnginePauseAcrossBump => {
                 let (w, id) = (self.clone(), pick(&self.engines));
@@ -453,7 +460,7 @@ impl World {
                 self.in_background(async move {
                     let bumps = || w.ledger_log.bumps.lock().expect("ledger log").len();
                     let before = bumps();
-                    w.faults.fired("engine_pause_across_bump");
+                    w.faults.fired(Fault::EnginePauseAcrossBump);
                     w.faults.event(
                         "engine_pause_across_bump: node paused until a recovery bumps the generation".into(),
                     );
@@ -469,14 +476,14 @@ impl World {
             }
             Fault::JobsPause => {
                 let (w, id) = (self.clone(), pick(&self.jobs_nodes));
-                self.in_background(async move { w.pause_for(id, "jobs_pause", hold).await });
+                self.in_background(async move { w.pause_for(id, Fault::JobsPause, hold).await });
             }
             Fault::ConsumerPause => {
                 let (w, id) = (self.clone(), pick(&self.consumers));
-                self.in_background(async move { w.pause_for(id, "consumer_pause", hold).await });
+                self.in_background(async move { w.pause_for(id, Fault::ConsumerPause, hold).await });
             }
             Fault::PacketLoss => {
-                f.fired("packet_loss");
+                f.fired(Fault::PacketLoss);
                 NetSim::current().update_config(|c| c.packet_loss_rate = 0.05);
                 tokio::time::sleep(hold).await;
                 NetSim::current().update_config(|c| c.packet_loss_rate = 0.0);
@@ -514,7 +521,7 @@ impl World {
                 f.event(format!("window {name} for {} ms", hold.as_millis()));
                 // Windows whose effect is a delay count when opened; the others count per hit.
                 if matches!(knob, Fault::MqDelay | Fault::RedisLatency) {
-                    f.fired(name);
+                    f.fired(knob);
                 }
                 f.open_window(name, turn);
                 let f = f.clone();
@@ -566,11 +573,7 @@ impl World {
     pub(super) async fn restart_redis(&self, fault: Fault) {
         let f = &self.faults;
         let volatile = fault == Fault::RedisRestartVolatile;
-        f.fired(if volatile {
-            "redis_restart_volatile"
-        } else {
-            "redis_restart_aof_window"
-        });
+        f.fired(fault);
         self.redis.set_restart_mode(if volatile {
             Persistence::Volatile
         } else {
@@ -583,7 +586,7 @@ impl World {
         self.handle.kill(self.redis_node.id());
         if self.cfg.scenario == Scenario::Chaos && thread_rng().gen_bool(0.5) {
             let down = thread_rng().gen_range(50..1_500);
-            f.fired("redis_down_a_while");
+            f.fired(Fired::RedisDownAWhile);
             f.event(format!("redis down for {down} ms"));
             tokio::time::sleep(Duration::from_millis(down)).await;
         }
@@ -592,17 +595,20 @@ impl World {
     }
 
     /// A node stops (every task where it is), for `hold`, and goes on: a zombie.
-    pub(super) async fn pause_for(&self, id: madsim::task::NodeId, fault: &str, hold: Duration) {
+    pub(super) async fn pause_for(&self, id: madsim::task::NodeId, fault: Fault, hold: Duration) {
         self.faults.fired(fault);
-        self.faults
-            .event(format!("{fault}: node paused for {} ms", hold.as_millis()));
+        self.faults.event(format!(
+            "{}: node paused for {} ms",
+            fault.name(),
+            hold.as_millis()
+        ));
         self.handle.pause(id);
         tokio::time::sleep(hold).await;
         self.handle.resume(id);
     }
 
     /// A node crashes (at whatever await point it is), stays down for `hold`, and restarts.
-    pub(super) async fn down_for(&self, id: madsim::task::NodeId, fault: &str, hold: Duration) {
+    pub(super) async fn down_for(&self, id: madsim::task::NodeId, fault: Fault, hold: Duration) {
         self.faults.fired(fault);
         self.handle.kill(id);
         tokio::time::sleep(hold).await;

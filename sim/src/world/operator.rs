@@ -1,7 +1,7 @@
 //! The operator at work through the admin API: pause, resume, close, and the warmup after a
 //! full loss (the sequence the runbook allows, docs/operations.md).
 
-use super::{Verdict, World};
+use super::{Fault, Verdict, World};
 use crate::rpc::{self, engine_addr};
 use crate::stores::Persistence;
 use madsim::net::Endpoint;
@@ -50,7 +50,7 @@ impl World {
         match answer {
             Ok(Ok(intent)) => {
                 let at = self.faults.elapsed();
-                self.faults.fired("operator_pause");
+                self.faults.fired(Fault::OperatorPause);
                 self.faults.event(format!(
                     "operator: {state} through engine-{i} (version {})",
                     intent.version
@@ -92,7 +92,7 @@ impl World {
     /// Redis restarts with nothing, every API node restarts, and the operator calls warmup
     /// through one of them (retrying until it answers) — the runbook's sequence.
     pub(super) async fn full_loss_restart(&self) {
-        self.faults.fired("full_loss_restart");
+        self.faults.fired(Fault::FullLossRestart);
         self.redis.set_restart_mode(Persistence::Volatile);
         // Half the time the whole site went down: the job runners come back only after the
         // operator's warmup, which then meets the lost Redis alone (no runner's recovery got

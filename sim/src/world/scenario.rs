@@ -221,15 +221,9 @@ pub struct Scheduled {
 
 /// A schedule as `--schedule` takes it: `<after ms>:<fault>:<hold ms>`, comma-separated.
 pub fn schedule_text(schedule: &[Scheduled]) -> String {
-    let name = |f: Fault| {
-        serde_json::to_value(f)
-            .expect("a unit variant")
-            .as_str()
-            .map(str::to_string)
-    };
     schedule
         .iter()
-        .map(|s| format!("{}:{}:{}", s.after_ms, name(s.fault).expect("a name"), s.hold_ms))
+        .map(|s| format!("{}:{}:{}", s.after_ms, s.fault.name(), s.hold_ms))
         .collect::<Vec<_>>()
         .join(",")
 }
