@@ -141,6 +141,16 @@ struct FileRates {
     ramp_ms: Option<u64>,
 }
 
+/// The settings `seckill serve` also takes as command-line flags: the last source, over the
+/// environment and the file, and validated with them (a `--listen` that clashes with the admin
+/// listener is refused by name, `--check-config` included).
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub roles: Option<crate::roles::Roles>,
+}
+
 /// One setting: its TOML key, its variable, its file value.
 struct Setting<'a, T> {
     key: &'a str,
@@ -149,10 +159,12 @@ struct Setting<'a, T> {
 }
 
 impl ServeConfig {
-    /// From the TOML text of `--config` (if any) and the environment (`env` looks a variable up).
+    /// From the TOML text of `--config` (if any), the environment (`env` looks a variable up)
+    /// and the command line's `flags`, each source over the one before; validated once all are in.
     pub fn load(
         file: Option<&str>,
         env: impl Fn(&str) -> Option<String>,
+        flags: &Flags,
     ) -> Result<ServeConfig, ConfigError> {
         let f: FileConfig = match file {
             Some(text) => toml::from_str(text).map_err(|e| {
@@ -198,18 +210,33 @@ impl ServeConfig {
                 .map(|v| (s.var.to_string(), v))
                 .or(s.file.map(|v| (s.key.to_string(), v)))
         };
-        let address = |key: &str, var: &str, file: Option<String>, default: SocketAddr| match text(Setting {
-            key,
-            var,
-            file,
-        }) {
-            Some((name, v)) => v
-                .parse()
-                .map_err(|_| bad(&name, format!("{v:?} is not an address like 127.0.0.1:8080"))),
-            None => Ok(default),
+        // An address and the name of the source it came from (the flag, the variable, the key).
+        let address = |flag: (&str, Option<SocketAddr>),
+                       key: &str,
+                       var: &str,
+                       file: Option<String>,
+                       default: SocketAddr|
+         -> Result<(String, SocketAddr), ConfigError> {
+            if let (name, Some(addr)) = flag {
+                return Ok((name.to_string(), addr));
+            }
+            match text(Setting { key, var, file }) {
+                Some((name, v)) => match v.parse() {
+                    Ok(addr) => Ok((name, addr)),
+                    Err(_) => Err(bad(&name, format!("{v:?} is not an address like 127.0.0.1:8080"))),
+                },
+                None => Ok((key.to_string(), default)),
+            }
         };
-        let listen = address("listen", "SECKILL_LISTEN", f.listen, d.listen)?;
-        let admin_listen = address(
+        let (listen_from, listen) = address(
+            ("--listen", flags.listen),
+            "listen",
+            "SECKILL_LISTEN",
+            f.listen,
+            d.listen,
+        )?;
+        let (admin_from, admin_listen) = address(
+            ("--admin-listen", flags.admin_listen),
             "admin_listen",
             "SECKILL_ADMIN_LISTEN",
             f.admin_listen,
@@ -217,8 +244,8 @@ impl ServeConfig {
         )?;
         if admin_listen == listen {
             return Err(bad(
-                "admin_listen",
-                format!("{admin_listen} is the public listener's address"),
+                &admin_from,
+                format!("{admin_listen} is the public listener's address ({listen_from})"),
             ));
         }
         let secret =
@@ -314,10 +341,11 @@ impl ServeConfig {
                 "a trusted_proxy_header needs the proxies' ranges: from any other peer it is spoofable",
             ));
         }
-        let roles = match (env("SECKILL_ROLES"), f.roles) {
-            (Some(v), _) => crate::roles::Roles::parse(&v).map_err(|e| bad("SECKILL_ROLES", e))?,
-            (None, Some(v)) => crate::roles::Roles::parse(&v).map_err(|e| bad("roles", e))?,
-            (None, None) => d.roles,
+        let roles = match (flags.roles, env("SECKILL_ROLES"), f.roles) {
+            (Some(roles), _, _) => roles,
+            (None, Some(v), _) => crate::roles::Roles::parse(&v).map_err(|e| bad("SECKILL_ROLES", e))?,
+            (None, None, Some(v)) => crate::roles::Roles::parse(&v).map_err(|e| bad("roles", e))?,
+            (None, None, None) => d.roles,
         };
         let per_sec = 1..=10_000_000;
         Ok(ServeConfig {
@@ -444,10 +472,59 @@ mod tests {
     use super::*;
 
     fn load(file: &str, env: &[(&str, &str)]) -> Result<ServeConfig, ConfigError> {
+        load_with(file, env, &Flags::default())
+    }
+
+    fn load_with(file: &str, env: &[(&str, &str)], flags: &Flags) -> Result<ServeConfig, ConfigError> {
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        ServeConfig::load(Some(file), |k| {
-            env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-        })
+        ServeConfig::load(
+            Some(file),
+            |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            flags,
+        )
+    }
+
+    #[test]
+    fn flags_come_last_and_are_validated_with_the_rest() {
+        let flags = |listen: &str| Flags {
+            listen: Some(listen.parse().unwrap()),
+            ..Flags::default()
+        };
+        let c = load_with(
+            "listen = \"127.0.0.1:9000\"",
+            &[("SECKILL_LISTEN", "127.0.0.1:9100")],
+            &flags("127.0.0.1:9200"),
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9200, "the flag wins");
+        // The admin listener's default is 127.0.0.1:9090: a --listen on it is refused, named.
+        let e = load_with("", &[], &flags("127.0.0.1:9090")).unwrap_err();
+        assert_eq!(e.key, "admin_listen");
+        assert!(e.reason.contains("(--listen)"), "{}", e.reason);
+        let e = load_with(
+            "listen = \"127.0.0.1:9300\"",
+            &[],
+            &Flags {
+                admin_listen: Some("127.0.0.1:9300".parse().unwrap()),
+                ..Flags::default()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.reason.contains("(listen)")),
+            ("--admin-listen", true)
+        );
+        let roles = crate::roles::Roles::parse("jobs").unwrap();
+        let c = load_with(
+            "roles = \"api\"",
+            &[],
+            &Flags {
+                roles: Some(roles),
+                ..Flags::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.roles, roles);
     }
 
     #[test]

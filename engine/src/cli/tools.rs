@@ -213,22 +213,18 @@ pub fn serve(
         },
         None => None,
     };
-    let mut cfg = match ServeConfig::load(text.as_deref(), |k| std::env::var(k).ok()) {
+    let flags = crate::api::config::Flags {
+        listen,
+        admin_listen,
+        roles,
+    };
+    let mut cfg = match ServeConfig::load(text.as_deref(), |k| std::env::var(k).ok(), &flags) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    if let Some(addr) = listen {
-        cfg.listen = addr;
-    }
-    if let Some(addr) = admin_listen {
-        cfg.admin_listen = addr;
-    }
-    if let Some(roles) = roles {
-        cfg.roles = roles;
-    }
     let _ = tracing_subscriber::fmt()
         .json()
         .with_env_filter(

@@ -324,4 +324,17 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
     let (code, _, err) = check(&["serve".into()], &short);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("jwt_secret"), "{err}");
+    // Flags are a source like the others, validated with them: a --listen on the admin
+    // listener's address is refused, naming both.
+    let admin = env
+        .iter()
+        .find(|(k, _)| k == "SECKILL_ADMIN_LISTEN")
+        .map_or("127.0.0.1:9090".to_string(), |(_, v)| v.clone());
+    let (code, _, err) = check(&["serve".into(), "--listen".into(), admin], &env);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("SECKILL_ADMIN_LISTEN") || err.contains("admin_listen"),
+        "{err}"
+    );
+    assert!(err.contains("(--listen)"), "{err}");
 }
