@@ -4,7 +4,8 @@
 # verify, against the release binary), that the Dockerfile's runtime stage installs every
 # package the release binary's shared libraries come from, the Helm chart (helm lint, and
 # `helm template` checked by ci/helm_check.py: each role's environment through
-# `serve --check-config`, probes, ports, selectors), and the dashboard and alerts against a real
+# `serve --check-config`, probes, ports, selectors, the optional parts on and off; the values
+# schema refusing bad values), and the dashboard and alerts against a real
 # Prometheus scraping the three roles on the real stores (ci/prometheus.py: needs the settings
 # of ci/services.sh in the environment). Installs Debian's prometheus package when it is
 # missing, and Helm from the Go module proxy into target/tools.
@@ -62,17 +63,36 @@ fi
 python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
 chart=deploy/helm/seckill
 render=(--kube-version 1.30.0 -f "$chart/ci/test-values.yaml")
-"$helm" lint --strict "$chart" "${render[@]}"
+# The chart's files/ links to the alert rules and the dashboard tested below; helm says so on
+# stderr ("found symbolic link"), which is expected.
+quiet() { "$@" 2> >(grep -v "found symbolic link" >&2); }
+lint() { quiet "$helm" lint --strict "$chart" "$@"; }
+template() { quiet "$helm" template seckill "$chart" "$@"; }
+lint "${render[@]}"
 # Without the secrets it refuses to render, naming the value.
 if out=$("$helm" template seckill "$chart" --kube-version 1.30.0 2>&1); then
   echo "the chart rendered without its secrets" >&2; exit 1
 fi
 grep -q "secrets.adminToken is required" <<<"$out" || { printf '%s\n' "$out" >&2; exit 1; }
-"$helm" template seckill "$chart" "${render[@]}" | python3 ci/helm_check.py "$bin"
+template "${render[@]}" | python3 ci/helm_check.py "$bin"
+# Every optional part on: Ingress, ServiceMonitor, PrometheusRule, the dashboard's ConfigMap.
+all_values=(-f "$chart/ci/test-values-all.yaml")
+lint "${render[@]}" "${all_values[@]}"
+template "${render[@]}" "${all_values[@]}" | python3 ci/helm_check.py "$bin" --optional
 # Every store over TLS, Kafka with SASL, the CA and a client certificate from a Secret of one's own.
 tls_values=(-f "$chart/ci/test-values-tls.yaml")
-"$helm" lint --strict "$chart" "${render[@]}" "${tls_values[@]}"
-"$helm" template seckill "$chart" "${render[@]}" "${tls_values[@]}" | python3 ci/helm_check.py "$bin"
+lint "${render[@]}" "${tls_values[@]}"
+template "${render[@]}" "${tls_values[@]}" | python3 ci/helm_check.py "$bin"
+template "${render[@]}" "${tls_values[@]}" "${all_values[@]}" | python3 ci/helm_check.py "$bin" --optional
+# values.schema.json refuses a misspelt key, a wrong type and a short secret, naming each.
+for bad in "ingres.enabled=true|additional properties 'ingres'" \
+           "roles.api.replicas=three|/roles/api/replicas" \
+           "secrets.adminToken=short|/secrets/adminToken"; do
+  if out=$("$helm" template seckill "$chart" "${render[@]}" --set "${bad%%|*}" 2>&1); then
+    echo "the chart rendered with --set ${bad%%|*}" >&2; exit 1
+  fi
+  grep -qF "${bad#*|}" <<<"$out" || { printf '%s\n' "$out" >&2; exit 1; }
+done
 
 say "dashboard and alerts against a real Prometheus scraping every role"
 python3 ci/prometheus.py "$bin"

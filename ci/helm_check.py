@@ -13,10 +13,17 @@ accepts and what a cluster needs, without a cluster:
   PEM files here, so that `--check-config` reads a file where the pod would;
 - the Service, the HPA and the PodDisruptionBudget select the api pods; the NetworkPolicy lets
   only listed peers reach the admin port; the migration Job runs `migrate` with DATABASE_URL
-  (and the files it names mounted).
+  (and the files it names mounted);
+- every pod runs with no API token mounted, the Deployments' pods as the chart's ServiceAccount;
+  each role's pods spread over zones and nodes by constraints that select that role's pods;
+- the optional parts, each rendered with --optional and absent without: the Ingress sends every
+  path to the api Service's public port; the ServiceMonitor scrapes /metrics on the admin port
+  through a Service over every role's pods; the PrometheusRule holds exactly the groups of
+  deploy/prometheus/alerts.yml and the dashboard ConfigMap exactly deploy/grafana/seckill.json.
 
-    helm template ... | ci/helm_check.py path/to/seckill
+    helm template ... | ci/helm_check.py path/to/seckill [--optional]
 """
+import json
 import os
 import re
 import subprocess
@@ -26,6 +33,8 @@ import tempfile
 import yaml
 
 POD_IP = "10.244.3.7"
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+OPTIONAL = ["Ingress", "ServiceMonitor", "PrometheusRule"]
 
 
 def fail(msg):
@@ -40,6 +49,7 @@ def expect(cond, msg):
 
 def main():
     seckill = sys.argv[1]
+    optional = "--optional" in sys.argv[2:]
     docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
     by_kind = {}
     for d in docs:
@@ -86,7 +96,8 @@ def main():
 
     api = deployments["api"]
     api_labels = api["spec"]["template"]["metadata"]["labels"]
-    (svc,) = by_kind["Service"]
+    services = {s["metadata"]["labels"]["app.kubernetes.io/component"]: s for s in by_kind["Service"]}
+    svc = services["api"]
     selects = lambda sel, d: sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()
     for role, d in deployments.items():
         expect(selects(svc["spec"]["selector"], d) == (role == "api"),
@@ -116,7 +127,63 @@ def main():
     hook_secret = next(s for s in by_kind["Secret"] if s["metadata"]["name"] == ref["name"])
     expect("helm.sh/hook" in hook_secret["metadata"].get("annotations", {}),
            "the migration Job's Secret must exist before the hook runs (a hook itself)")
-    print(f"helm_check: ok ({len(docs)} objects; roles {', '.join(sorted(deployments))})")
+    expect(job["spec"]["template"]["spec"].get("automountServiceAccountToken") is False,
+           "the migration Job must not mount an API token")
+
+    (sa,) = by_kind["ServiceAccount"]
+    expect(sa.get("automountServiceAccountToken") is False, "the ServiceAccount must not mount its token")
+    for role, d in deployments.items():
+        spec = d["spec"]["template"]["spec"]
+        expect(spec.get("serviceAccountName") == sa["metadata"]["name"],
+               f"{role}: runs as {spec.get('serviceAccountName')}, not the chart's ServiceAccount")
+        expect(spec.get("automountServiceAccountToken") is False, f"{role}: must not mount an API token")
+        spread = spec.get("topologySpreadConstraints", [])
+        expect({c["topologyKey"] for c in spread} >= {"topology.kubernetes.io/zone", "kubernetes.io/hostname"},
+               f"{role}: its pods must spread over zones and nodes")
+        for c in spread:
+            sel = c["labelSelector"]["matchLabels"]
+            expect(all(selects(sel, o) == (r == role) for r, o in deployments.items()),
+                   f"{role}: a spread constraint selects {sel}, not this role's pods alone")
+
+    for kind in OPTIONAL:
+        expect(bool(by_kind.get(kind)) == optional,
+               f"{kind}: {'missing' if optional else 'rendered'} with the optional parts {'on' if optional else 'off'}")
+    dashboards = [c for c in by_kind["ConfigMap"] if "seckill.json" in c.get("data", {})]
+    expect(bool(dashboards) == optional, "the dashboard ConfigMap must come with the optional parts alone")
+    if optional:
+        check_optional(by_kind, deployments, services, svc, dashboards, selects)
+    print(f"helm_check: ok ({len(docs)} objects; roles {', '.join(sorted(deployments))}; "
+          f"optional parts {'on' if optional else 'off'})")
+
+
+def check_optional(by_kind, deployments, services, api_svc, dashboards, selects):
+    (ing,) = by_kind["Ingress"]
+    for rule in ing["spec"]["rules"]:
+        for path in rule["http"]["paths"]:
+            backend = path["backend"]["service"]
+            expect(backend["name"] == api_svc["metadata"]["name"] and backend["port"] == {"name": "http"},
+                   f"the Ingress sends {rule['host']}{path['path']} to {backend}, not the api Service's http port")
+    (sm,) = by_kind["ServiceMonitor"]
+    metrics = [s for s in services.values()
+               if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+    expect(len(metrics) == 1, f"the ServiceMonitor selects {len(metrics)} Services, expected one")
+    (m,) = metrics
+    expect(all(selects(m["spec"]["selector"], d) for d in deployments.values()),
+           "the metrics Service must select the pods of every role")
+    ports = {p["name"]: p for p in m["spec"]["ports"]}
+    for ep in sm["spec"]["endpoints"]:
+        expect(ep["path"] == "/metrics" and ports.get(ep["port"], {}).get("targetPort") == "admin",
+               f"the ServiceMonitor scrapes {ep}, not /metrics on the admin port")
+    (rule,) = by_kind["PrometheusRule"]
+    with open(os.path.join(ROOT, "deploy/prometheus/alerts.yml")) as f:
+        expect(rule["spec"] == yaml.safe_load(f),
+               "the PrometheusRule is not deploy/prometheus/alerts.yml (the rules promtool tests)")
+    (dash,) = dashboards
+    expect(dash["metadata"]["labels"].get("grafana_dashboard") == "1",
+           "the dashboard ConfigMap lacks the label Grafana's sidecar looks for")
+    with open(os.path.join(ROOT, "deploy/grafana/seckill.json")) as f:
+        expect(json.loads(dash["data"]["seckill.json"]) == json.load(f),
+               "the dashboard ConfigMap is not deploy/grafana/seckill.json")
 
 
 STANDIN_PEM = "-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n"

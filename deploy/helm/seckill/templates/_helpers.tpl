@@ -54,3 +54,17 @@ app.kubernetes.io/component: {{ .role }}
   secret:
     secretName: {{ .Values.tls.secret }}
 {{- end -}}
+
+{{- define "seckill.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ .Values.serviceAccount.name | default (include "seckill.fullname" .) }}
+{{- else -}}
+{{ .Values.serviceAccount.name | default "default" }}
+{{- end -}}
+{{- end -}}
+
+{{/* The pods' identity, with no API token mounted (seckill calls no Kubernetes API). */}}
+{{- define "seckill.podIdentity" -}}
+serviceAccountName: {{ include "seckill.serviceAccountName" . }}
+automountServiceAccountToken: false
+{{- end -}}
