@@ -151,6 +151,30 @@ pub struct Flags {
     pub roles: Option<crate::roles::Roles>,
 }
 
+/// Why `secret` is no secret: a placeholder of an example file or of the documentation
+/// (`CHANGE-ME…`, `your-secret`, …) or a run of a few characters (`0000…`). Deployed unchanged,
+/// an example's secret lets anyone who read the example mint any user's JWT or sign payment
+/// callbacks. `None` for a secret somebody chose.
+pub fn placeholder(secret: &str) -> Option<String> {
+    const WORDS: [&str; 6] = [
+        "changeme",
+        "replaceme",
+        "placeholder",
+        "yoursecret",
+        "example",
+        "notasecret",
+    ];
+    let plain: String = (secret.chars())
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if let Some(word) = WORDS.iter().find(|w| plain.contains(*w)) {
+        return Some(format!("is a placeholder (it says {word:?})"));
+    }
+    let distinct: std::collections::BTreeSet<char> = secret.chars().collect();
+    (distinct.len() < 6).then(|| format!("is made of {} distinct characters", distinct.len()))
+}
+
 /// One setting: its TOML key, its variable, its file value.
 struct Setting<'a, T> {
     key: &'a str,
@@ -482,6 +506,27 @@ mod tests {
             |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
             flags,
         )
+    }
+
+    #[test]
+    fn placeholders_are_told_from_chosen_secrets() {
+        for fake in [
+            "CHANGE-ME-admin-token-0000000000",
+            "change_me_please_0123456789abcdef",
+            "your-secret-here-0123456789",
+            "00000000000000000000000000000000",
+            "abababababababababababab",
+            "an-Example-secret-0123456789",
+        ] {
+            assert!(placeholder(fake).is_some(), "{fake}");
+        }
+        for real in [
+            "runbook-jwt-secret-0123456789abcdefghij",
+            "3f9c1e7a5b2d4c8e9a0b1c2d3e4f5a6b",
+            "admin-token-processes-0123456789",
+        ] {
+            assert_eq!(placeholder(real), None, "{real}");
+        }
     }
 
     #[test]

@@ -189,6 +189,51 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
     })
 }
 
+/// With real stores, every secret must be one somebody chose (`config::placeholder`): the
+/// example environment file and the documentation's values are refused by name, the stores' URL
+/// passwords included.
+fn refuse_placeholders(cfg: &crate::api::config::ServeConfig, s: &RealSettings) -> Result<(), String> {
+    use crate::api::config::{placeholder, JwtKeys};
+    let url_password = |u: &str| {
+        url::Url::parse(u)
+            .ok()
+            .and_then(|u| u.password().map(str::to_string))
+    };
+    let mut secrets = vec![
+        ("admin_token (SECKILL_ADMIN_TOKEN)", cfg.admin_token.clone()),
+        ("token_secret (SECKILL_TOKEN_SECRET)", cfg.token_secret.clone()),
+        (
+            "jwt_secret (SECKILL_JWT_SECRET)",
+            match &cfg.jwt {
+                Some(JwtKeys::Secret(secret)) => Some(secret.clone()),
+                _ => None,
+            },
+        ),
+        (
+            "payment_secret (SECKILL_PAYMENT_SECRET)",
+            cfg.payment_secret.clone(),
+        ),
+        ("DATABASE_URL's password", url_password(&s.mysql.url)),
+    ];
+    secrets.extend(
+        s.redis
+            .urls
+            .iter()
+            .map(|u| ("REDIS_URL's password", url_password(u))),
+    );
+    if let Some(sasl) = &s.kafka.security.sasl {
+        secrets.push(("SECKILL_KAFKA_SASL_PASSWORD", Some(sasl.password.0.clone())));
+    }
+    for (what, secret) in secrets {
+        if let Some(why) = secret.as_deref().and_then(placeholder) {
+            return Err(format!(
+                "{what}: {why}: with real stores every secret must be one you chose (e.g. `openssl rand -hex 32`)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `seckill serve`: settings, stores, then the API until SIGTERM or Ctrl-C.
 pub fn serve(
     config: Option<std::path::PathBuf>,
@@ -252,6 +297,9 @@ pub fn serve(
                 if missing {
                     return Err(format!("{what}: required with real stores"));
                 }
+            }
+            if let Some(s) = &settings {
+                refuse_placeholders(&cfg, s)?;
             }
             let delivery = settings
                 .as_ref()

@@ -257,13 +257,14 @@ fn bench_runs_the_strategies_side_by_side_and_counts_oversells() {
 }
 
 /// Every systemd unit of `deploy/systemd/`, run as the unit runs it (its `ExecStart` arguments)
-/// with only the settings file's environment, passes `serve --check-config` for its role; a bad
-/// value in that file is refused by name.
+/// with only the settings file's environment, passes `serve --check-config` for its role once
+/// its placeholders are replaced — and is refused as shipped, naming the first placeholder
+/// secret; a bad value in that file is refused by name.
 #[test]
 fn the_systemd_units_and_their_settings_pass_check_config() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd");
     let env_text = std::fs::read_to_string(dir.join("seckill.env.example")).unwrap();
-    let env: Vec<(String, String)> = env_text
+    let example: Vec<(String, String)> = env_text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -271,6 +272,11 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
             let (k, v) = l.split_once('=').expect("KEY=value");
             (k.to_string(), v.to_string())
         })
+        .collect();
+    // As an operator fills it in: every CHANGE-ME replaced by a secret of their own.
+    let env: Vec<(String, String)> = example
+        .iter()
+        .map(|(k, v)| (k.clone(), v.replace("CHANGE-ME", "q7Fh2kLx9TzW")))
         .collect();
     let check = |args: &[String], env: &[(String, String)]| {
         let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
@@ -311,6 +317,12 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
     roles.sort();
     assert_eq!(roles, ["api", "jobs", "worker"]);
 
+    let (code, _, err) = check(&["serve".into()], &example);
+    assert_eq!(code, Some(2), "the example's placeholders must be refused: {err}");
+    assert!(
+        err.contains("SECKILL_ADMIN_TOKEN") && err.contains("placeholder"),
+        "{err}"
+    );
     let mut bad = env.clone();
     bad.push(("SECKILL_TOPIC_PARTITIONS".into(), "0".into()));
     let (code, _, err) = check(&["serve".into()], &bad);
