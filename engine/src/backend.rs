@@ -13,6 +13,7 @@
 
 use crate::adapters::kafka::{KafkaBus, KafkaConfig, KafkaSecurity, Sasl};
 use crate::adapters::mysql::{MysqlConfig, MysqlLedger};
+use crate::adapters::redacted;
 use crate::adapters::redis::{connect_stock_cache, RedisConfig, RedisStockCache};
 use crate::adapters::{Secret, TlsFiles};
 use crate::ports::{OrderBus, PortError};
@@ -39,21 +40,6 @@ fn bad(var: &'static str, reason: impl Into<String>) -> SettingError {
     SettingError {
         var,
         reason: reason.into(),
-    }
-}
-
-/// A store URL fit for an error message, as written but for its password (`***`).
-fn redacted(u: &str) -> String {
-    let Some((scheme, rest)) = u.split_once("://") else {
-        return u.to_string();
-    };
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    match authority
-        .rfind('@')
-        .map(|at| (at, authority[..at].split_once(':')))
-    {
-        Some((at, Some((user, _)))) => format!("{scheme}://{user}:***{}", &rest[at..]),
-        _ => u.to_string(),
     }
 }
 
@@ -438,6 +424,15 @@ mod tests {
         plain_with_ca[0] = ("REDIS_URL", "redis://h");
         plain_with_ca.push(("SECKILL_REDIS_CA_FILE", ca));
         assert_eq!(settings(&plain_with_ca).unwrap_err().var, "SECKILL_REDIS_CA_FILE");
+        let mut with_passwords = base.to_vec();
+        with_passwords[0] = ("REDIS_URL", "redis://u:r3dis-pw-91x@h:6379");
+        with_passwords[2] = ("DATABASE_URL", "mysql://u:my-pw-7qz@h/d");
+        let s = settings(&with_passwords).unwrap().unwrap();
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("r3dis-pw-91x") && !shown.contains("my-pw-7qz") && shown.contains("u:***@h"),
+            "the stores' passwords are never printed: {shown}"
+        );
         for (u, shown) in [
             ("redis://u:secret@h:1/0", "redis://u:***@h:1/0"),
             ("redis://:secret@h", "redis://:***@h"),

@@ -38,7 +38,7 @@ const LOCK_WAIT_S: u32 = 3;
 /// The longest one statement may run (the recovery's snapshot of a whole sale is the longest).
 const STATEMENT_S: u32 = 30;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct MysqlConfig {
     pub url: String,
     /// Pool size: one connection per consumer batch in flight plus the jobs; MySQL's own limit
@@ -46,6 +46,17 @@ pub struct MysqlConfig {
     pub max_connections: u32,
     /// How long a caller waits for a pooled connection before the ledger counts as unavailable.
     pub acquire_timeout: Duration,
+}
+
+/// The URL's password is never shown (`mysql://user:***@host/db`).
+impl std::fmt::Debug for MysqlConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlConfig")
+            .field("url", &super::redacted(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish()
+    }
 }
 
 impl MysqlConfig {

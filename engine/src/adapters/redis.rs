@@ -22,7 +22,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ClientTlsConfig, ErrorKind, RedisError, TlsCertificates, Value};
 use std::time::Duration;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://host:port` (or `rediss://` for TLS) of one server, or several cluster nodes
     /// (seed list).
@@ -32,6 +32,19 @@ pub struct RedisConfig {
     pub tls: Option<TlsFiles>,
     /// Bound on one script call, connect included: past it the outcome is unknown.
     pub timeout: Duration,
+}
+
+/// The URLs' passwords are never shown (`redis://user:***@host:6379`).
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|u| super::redacted(u)).collect();
+        f.debug_struct("RedisConfig")
+            .field("urls", &urls)
+            .field("cluster", &self.cluster)
+            .field("tls", &self.tls)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 impl RedisConfig {

@@ -3,6 +3,7 @@
 //! the variable) it came from. Store URLs are not here: they are the `REDIS_URL` /
 //! `KAFKA_BROKERS` / `DATABASE_URL` settings of `crate::backend`, shared with the other commands.
 
+use crate::adapters::Secret;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -21,9 +22,9 @@ pub struct RateLimits {
 pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Bearer token of the admin routes; `None`: generated at start and printed once.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     /// HMAC key of purchase tokens; `None`: random per process (one engine only).
-    pub token_secret: Option<String>,
+    pub token_secret: Option<Secret>,
     pub token_ttl_ms: u64,
     pub request_timeout: Duration,
     /// How long a bucket found empty is answered "sold out" from memory before Redis is asked
@@ -43,7 +44,7 @@ pub struct ServeConfig {
     pub jwt_issuer: Option<String>,
     pub jwt_audience: Option<String>,
     /// HMAC key of the payment provider's callbacks; `None`: callbacks are refused (503).
-    pub payment_secret: Option<String>,
+    pub payment_secret: Option<Secret>,
     pub rate: RateLimits,
     /// The roles this process runs (DESIGN §11.1); all three by default.
     pub roles: crate::roles::Roles,
@@ -84,7 +85,7 @@ impl Default for ServeConfig {
 /// Where the JWT verification keys come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JwtKeys {
-    Secret(String),
+    Secret(Secret),
     /// The JWKS document's text (read at start; its path is in the error messages).
     Jwks {
         path: String,
@@ -273,12 +274,12 @@ impl ServeConfig {
             ));
         }
         let secret =
-            |key: &str, var: &str, file: Option<String>, min: usize| -> Result<Option<String>, ConfigError> {
+            |key: &str, var: &str, file: Option<String>, min: usize| -> Result<Option<Secret>, ConfigError> {
                 match text(Setting { key, var, file }) {
                     Some((name, v)) if v.len() < min => {
                         Err(bad(&name, format!("must be at least {min} bytes")))
                     }
-                    other => Ok(other.map(|(_, v)| v)),
+                    other => Ok(other.map(|(_, v)| Secret(v))),
                 }
             };
         let admin_token = secret("admin_token", "SECKILL_ADMIN_TOKEN", f.admin_token, 16)?;
@@ -506,6 +507,21 @@ mod tests {
             |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
             flags,
         )
+    }
+
+    #[test]
+    fn secrets_are_never_printed() {
+        let c = load(
+            "admin_token = \"adm-1x9q-0123456789\"\njwt_secret = \"jwt-8v7w-0123456789abcdefghijklmnopq\"\n\
+             payment_secret = \"pay-5t4r-0123456789\"\ntoken_secret = \"tok-3e2d-0123456789abcdefghijklmnopq\"",
+            &[],
+        )
+        .unwrap();
+        let shown = format!("{c:?}");
+        for secret in ["adm-1x9q", "jwt-8v7w", "pay-5t4r", "tok-3e2d"] {
+            assert!(!shown.contains(secret), "{secret} printed: {shown}");
+        }
+        assert_eq!(c.admin_token.as_deref(), Some("adm-1x9q-0123456789"));
     }
 
     #[test]

@@ -143,7 +143,8 @@ impl Secrets {
         };
         let admin_token = cfg
             .admin_token
-            .clone()
+            .as_deref()
+            .map(str::to_string)
             .unwrap_or_else(|| random(16).iter().map(|b| format!("{b:02x}")).collect());
         let token_secret = cfg
             .token_secret
@@ -151,7 +152,13 @@ impl Secrets {
             .map(|s| s.as_bytes().to_vec())
             .unwrap_or_else(|| random(32));
         let jwt = cfg.jwt.clone().unwrap_or_else(|| {
-            super::config::JwtKeys::Secret(random(32).iter().map(|b| format!("{b:02x}")).collect())
+            super::config::JwtKeys::Secret(
+                random(32)
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+                    .into(),
+            )
         });
         Secrets {
             admin_token,

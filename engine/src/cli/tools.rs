@@ -200,18 +200,24 @@ fn refuse_placeholders(cfg: &crate::api::config::ServeConfig, s: &RealSettings) 
             .and_then(|u| u.password().map(str::to_string))
     };
     let mut secrets = vec![
-        ("admin_token (SECKILL_ADMIN_TOKEN)", cfg.admin_token.clone()),
-        ("token_secret (SECKILL_TOKEN_SECRET)", cfg.token_secret.clone()),
+        (
+            "admin_token (SECKILL_ADMIN_TOKEN)",
+            cfg.admin_token.as_deref().map(str::to_string),
+        ),
+        (
+            "token_secret (SECKILL_TOKEN_SECRET)",
+            cfg.token_secret.as_deref().map(str::to_string),
+        ),
         (
             "jwt_secret (SECKILL_JWT_SECRET)",
             match &cfg.jwt {
-                Some(JwtKeys::Secret(secret)) => Some(secret.clone()),
+                Some(JwtKeys::Secret(secret)) => Some(secret.to_string()),
                 _ => None,
             },
         ),
         (
             "payment_secret (SECKILL_PAYMENT_SECRET)",
-            cfg.payment_secret.clone(),
+            cfg.payment_secret.as_deref().map(str::to_string),
         ),
         ("DATABASE_URL's password", url_password(&s.mysql.url)),
     ];
@@ -346,7 +352,7 @@ pub fn serve(
                  (mint one with `seckill jwt --user N`; never in production)",
                 path.display()
             );
-            cfg.jwt = Some(crate::api::config::JwtKeys::Secret(secret));
+            cfg.jwt = Some(crate::api::config::JwtKeys::Secret(secret.into()));
         }
         let secrets = Secrets::resolve(&cfg, &mut rng);
         if cfg.admin_token.is_none() {

@@ -47,7 +47,7 @@ fn wall_ms() -> u64 {
 fn harness_with(tweak: impl FnOnce(&mut ServeConfig)) -> Harness {
     let mut cfg = ServeConfig {
         admin_token: Some(ADMIN.into()),
-        token_secret: Some("s".repeat(32)),
+        token_secret: Some("s".repeat(32).into()),
         jwt: Some(seckill_engine::api::config::JwtKeys::Secret(JWT_SECRET.into())),
         payment_secret: Some(PAYMENT_SECRET.into()),
         ..ServeConfig::default()

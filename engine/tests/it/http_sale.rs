@@ -62,7 +62,7 @@ async fn sale<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) {
     let cfg = ServeConfig {
         admin_token: Some(ADMIN.into()),
-        token_secret: Some("k".repeat(32)),
+        token_secret: Some("k".repeat(32).into()),
         jwt: Some(seckill_engine::api::config::JwtKeys::Secret(JWT_SECRET.into())),
         // Every client is 127.0.0.1 here: the per-IP limit would be the whole test's limit.
         rate: seckill_engine::api::config::RateLimits {
@@ -252,7 +252,7 @@ async fn slow_clients_are_cut_off_and_do_not_stall_the_rest() {
     use seckill_engine::api::listener::ConnLimits;
     let cfg = ServeConfig {
         admin_token: Some(ADMIN.into()),
-        token_secret: Some("k".repeat(32)),
+        token_secret: Some("k".repeat(32).into()),
         jwt: Some(seckill_engine::api::config::JwtKeys::Secret(JWT_SECRET.into())),
         request_timeout: Duration::from_secs(30),
         conn_limits: ConnLimits {

@@ -63,8 +63,10 @@ fn load_refuses_a_non_loopback_url() {
 async fn load_drives_a_sale_and_reports_the_funnel() {
     let cfg = ServeConfig {
         admin_token: Some("admin-token-0123456789".into()),
-        token_secret: Some("k".repeat(32)),
-        jwt: Some(seckill_engine::api::config::JwtKeys::Secret("j".repeat(32))),
+        token_secret: Some("k".repeat(32).into()),
+        jwt: Some(seckill_engine::api::config::JwtKeys::Secret(
+            "j".repeat(32).into(),
+        )),
         rate: RateLimits {
             per_ip_per_sec: 1_000_000,
             ..ServeConfig::default().rate
