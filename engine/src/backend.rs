@@ -17,6 +17,7 @@ use crate::adapters::redacted;
 use crate::adapters::redis::{connect_stock_cache, RedisConfig, RedisStockCache};
 use crate::adapters::{Secret, TlsFiles};
 use crate::ports::{OrderBus, PortError};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use crate::service::consumer::ORDER_GROUP;
@@ -163,11 +164,62 @@ fn check_database_url(db: &str) -> Result<(), SettingError> {
     Ok(())
 }
 
+/// The settings that hold a secret, each with the variable that names a file holding it instead.
+pub const SECRET_FILES: [(&str, &str); 7] = [
+    ("SECKILL_ADMIN_TOKEN", "SECKILL_ADMIN_TOKEN_FILE"),
+    ("SECKILL_TOKEN_SECRET", "SECKILL_TOKEN_SECRET_FILE"),
+    ("SECKILL_JWT_SECRET", "SECKILL_JWT_SECRET_FILE"),
+    ("SECKILL_PAYMENT_SECRET", "SECKILL_PAYMENT_SECRET_FILE"),
+    ("SECKILL_KAFKA_SASL_PASSWORD", "SECKILL_KAFKA_SASL_PASSWORD_FILE"),
+    ("REDIS_URL", "REDIS_URL_FILE"),
+    ("DATABASE_URL", "DATABASE_URL_FILE"),
+];
+
+/// The secrets that come from files rather than from the environment (`get` looks a variable
+/// up): `VAR_FILE` names the file (a Kubernetes Secret or a Docker secret mounted as files),
+/// or systemd's `LoadCredential=VAR:/path` puts it at `$CREDENTIALS_DIRECTORY/VAR`. The file's
+/// content, less one trailing newline, is the value. A secret set both ways, or a file that
+/// cannot be read, is an error naming the variable.
+pub fn secret_files(
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<&'static str, String>, SettingError> {
+    let credentials = get("CREDENTIALS_DIRECTORY").map(PathBuf::from);
+    let mut out = BTreeMap::new();
+    for (var, file_var) in SECRET_FILES {
+        let (path, named_by) = match (get(var), get(file_var)) {
+            (Some(_), Some(_)) => {
+                return Err(bad(file_var, format!("set, and so is {var}: set one of them")))
+            }
+            (Some(_), None) => continue,
+            (None, Some(path)) => (PathBuf::from(path), file_var),
+            (None, None) => match credentials.as_ref().map(|dir| dir.join(var)) {
+                Some(path) if path.exists() => (path, "CREDENTIALS_DIRECTORY"),
+                _ => continue,
+            },
+        };
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| bad(named_by, format!("{var}: cannot read {}: {e}", path.display())))?;
+        let value = text.strip_suffix('\n').unwrap_or(&text);
+        let value = value.strip_suffix('\r').unwrap_or(value);
+        out.insert(var, value.to_string());
+    }
+    Ok(out)
+}
+
+/// The process's environment with the secrets of `secret_files` in: what every command reads
+/// its settings from.
+pub fn lookup() -> Result<impl Fn(&str) -> Option<String>, SettingError> {
+    let env = |k: &str| std::env::var(k).ok();
+    let files = secret_files(|k| env(k).filter(|v| !v.trim().is_empty()))?;
+    Ok(move |k: &str| env(k).or_else(|| files.get(k).cloned()))
+}
+
 impl RealSettings {
     /// `Ok(None)` when no store is configured (the embedded default). Partial settings are an
     /// error: a sale half on real stores and half in memory would lose orders on restart.
     pub fn from_env() -> Result<Option<RealSettings>, SettingError> {
-        Self::from_lookup(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
+        let get = lookup()?;
+        Self::from_lookup(move |k| get(k).filter(|v| !v.trim().is_empty()))
     }
 
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Option<RealSettings>, SettingError> {
@@ -441,6 +493,39 @@ mod tests {
         ] {
             assert_eq!(redacted(u), shown);
         }
+    }
+
+    #[test]
+    fn secrets_come_from_files_named_by_a_variable_or_from_systemd_credentials() {
+        let dir = std::env::temp_dir().join(format!("seckill-secret-files-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("creds")).unwrap();
+        std::fs::write(dir.join("jwt"), "jwt-from-a-file-0123456789abcdef\n").unwrap();
+        std::fs::write(dir.join("creds/SECKILL_ADMIN_TOKEN"), "admin-from-systemd-0123").unwrap();
+        let (jwt, creds) = (
+            dir.join("jwt").display().to_string(),
+            dir.join("creds").display().to_string(),
+        );
+        let files = |vars: &[(&str, &str)]| {
+            secret_files(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+        };
+        let got = files(&[
+            ("SECKILL_JWT_SECRET_FILE", &jwt),
+            ("CREDENTIALS_DIRECTORY", &creds),
+            ("SECKILL_TOKEN_SECRET", "from-the-environment"),
+        ])
+        .unwrap();
+        assert_eq!(got["SECKILL_JWT_SECRET"], "jwt-from-a-file-0123456789abcdef");
+        assert_eq!(got["SECKILL_ADMIN_TOKEN"], "admin-from-systemd-0123");
+        assert!(
+            !got.contains_key("SECKILL_TOKEN_SECRET"),
+            "the environment's own value stands"
+        );
+        let e = files(&[("SECKILL_JWT_SECRET_FILE", &jwt), ("SECKILL_JWT_SECRET", "x")]).unwrap_err();
+        assert_eq!(e.var, "SECKILL_JWT_SECRET_FILE");
+        let e = files(&[("DATABASE_URL_FILE", "/nonexistent/db-url")]).unwrap_err();
+        assert_eq!(e.var, "DATABASE_URL_FILE");
+        assert!(e.reason.contains("/nonexistent/db-url"), "{}", e.reason);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

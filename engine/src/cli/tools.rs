@@ -269,7 +269,14 @@ pub fn serve(
         admin_listen,
         roles,
     };
-    let mut cfg = match ServeConfig::load(text.as_deref(), |k| std::env::var(k).ok(), &flags) {
+    let env = match crate::backend::lookup() {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut cfg = match ServeConfig::load(text.as_deref(), env, &flags) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");

@@ -338,6 +338,34 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
     let (code, _, err) = check(&["serve".into()], &short);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("jwt_secret"), "{err}");
+    // The same secret from a file (a mounted Secret), or from systemd's credentials directory.
+    let dir = std::env::temp_dir().join(format!("seckill-check-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let jwt = env
+        .iter()
+        .find(|(k, _)| k == "SECKILL_JWT_SECRET")
+        .unwrap()
+        .1
+        .clone();
+    std::fs::write(dir.join("SECKILL_JWT_SECRET"), format!("{jwt}\n")).unwrap();
+    for (var, value) in [
+        ("SECKILL_JWT_SECRET_FILE", dir.join("SECKILL_JWT_SECRET")),
+        ("CREDENTIALS_DIRECTORY", dir.clone()),
+    ] {
+        let mut from_file = short.clone();
+        from_file.push((var.into(), value.display().to_string()));
+        let (code, out, err) = check(&["serve".into()], &from_file);
+        assert_eq!(code, Some(0), "{var}: {out}{err}");
+    }
+    let mut missing = short.clone();
+    missing.push(("SECKILL_JWT_SECRET_FILE".into(), "/nonexistent/jwt".into()));
+    let (code, _, err) = check(&["serve".into()], &missing);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("SECKILL_JWT_SECRET_FILE") && err.contains("/nonexistent/jwt"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
     // Flags are a source like the others, validated with them: a --listen on the admin
     // listener's address is refused, naming both.
     let admin = env
