@@ -94,7 +94,7 @@ done
 # 6. The HTTP session of docs/usage.md's serve section, word for word, on the embedded default: every "$ "
 # line runs in one shell, in order (the first starts the server in the background); each answer
 # must be the README's line after its command, but for the values that change every run (the
-# token, the reservation id, the expiry time).
+# token, the reservation id, the expiry time, the request id).
 session=$(awk '/^## `seckill serve`/ { s = 1; next } s && /^## / { exit }
   s && /^```/ { if (inb) { if (hit) { printf "%s", buf; exit } buf = ""; inb = 0 } else inb = 1; next }
   s && inb { buf = buf $0 "\n"; if (index($0, "seckill serve &")) hit = 1 }' docs/usage.md)
@@ -124,7 +124,7 @@ script=$(mktemp) expected_out=$(mktemp) got_out=$(mktemp)
 echo "\$ (the serve section's session, $(grep -c '^\$ ' <<< "$session") commands)"
 bash "$script" > "$got_out" || fail "the serve section's session exited $? (script: $script)"
 # The server's own log lines (JSON with a timestamp, on the same terminal) are not answers.
-norm() { grep -v '^{"timestamp"' "$1" | sed -E 's/"(token|reservation_id)":"[^"]*"/"\1":"…"/g; s/"expires_at_ms":[0-9]+/"expires_at_ms":…/g'; }
+norm() { grep -v '^{"timestamp"' "$1" | sed -E 's/"(token|reservation_id|request_id)":"[^"]*"/"\1":"…"/g; s/"expires_at_ms":[0-9]+/"expires_at_ms":…/g'; }
 diff <(norm "$expected_out") <(norm "$got_out") || fail "the serve section's session no longer answers what the README shows"
 echo "the serve section's session answers what the README shows"
 rm -f "$script" "$expected_out" "$got_out"

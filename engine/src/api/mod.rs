@@ -120,6 +120,14 @@ impl ApiError {
     pub fn unavailable(reason: impl Into<String>) -> Self {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", reason)
     }
+
+    /// A 503 whose cause is internal (a store's error, a host name): the answer says `public`;
+    /// `detail` goes to the log at warn, with the request id the answer carries.
+    pub fn internal(public: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        let request_id = routes::REQUEST_ID.try_with(|id| id.clone()).unwrap_or_default();
+        tracing::warn!(request_id = %request_id, detail = %detail, "unavailable");
+        ApiError::unavailable(public)
+    }
 }
 
 // Serialized from structs (no JSON map per answer): refusals are the hot path of a sale. The doc
@@ -135,23 +143,32 @@ struct ErrorAnswer<'a> {
 struct ErrorDetail<'a> {
     /// Stable, for programs (`sold_out`, `invalid_input`, ...).
     code: &'a str,
-    /// For people.
+    /// For people. Never internal detail (hosts, store errors): those are in the log, under the
+    /// request id.
     message: &'a str,
     /// The input field the answer is about, if any.
     #[schema(required = true)]
     field: Option<&'a str>,
+    /// The request's id (as in the `x-request-id` header): what to quote when asking about it.
+    request_id: &'a str,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorAnswer {
-            error: ErrorDetail {
-                code: self.code,
-                message: &self.message,
-                field: self.field.as_deref(),
-            },
+        let body = |request_id: &str| {
+            let body = ErrorAnswer {
+                error: ErrorDetail {
+                    code: self.code,
+                    message: &self.message,
+                    field: self.field.as_deref(),
+                    request_id,
+                },
+            };
+            (self.status, axum::Json(body)).into_response()
         };
-        let mut resp = (self.status, axum::Json(body)).into_response();
+        let mut resp = routes::REQUEST_ID
+            .try_with(|id| body(id))
+            .unwrap_or_else(|_| body(""));
         if let Some(secs) = self.retry_after_secs {
             resp.headers_mut()
                 .insert("retry-after", HeaderValue::from(secs.max(1)));

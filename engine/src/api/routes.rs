@@ -199,6 +199,12 @@ async fn within(timeout: Duration, req: Request, next: Next) -> Response {
     }
 }
 
+tokio::task_local! {
+    /// The request id of the request this task serves (`observe` sets it): every error body
+    /// carries it, and the log line with the details of an internal error.
+    pub(super) static REQUEST_ID: String;
+}
+
 /// Per request: a request id (the client's `x-request-id` if it sent a sane one, else a process
 /// counter), echoed in the response and carried by the log lines; a counter by route and status;
 /// a log line — debug for answers, warn for 5xx.
@@ -221,7 +227,7 @@ async fn observe(req: Request, next: Next) -> Response {
             str::to_string,
         );
     let method = req.method().clone();
-    let mut resp = next.run(req).await;
+    let mut resp = REQUEST_ID.scope(request_id.clone(), next.run(req)).await;
     let status = resp.status();
     let status_index = STATUSES
         .iter()
@@ -487,8 +493,8 @@ fn outcome_error(o: &PurchaseOutcome) -> Option<ApiError> {
             "the sale has not started".to_string(),
         ),
         PurchaseOutcome::Ended => (StatusCode::GONE, "ended", "the sale has ended".to_string()),
-        PurchaseOutcome::Unavailable { reason } => {
-            (StatusCode::SERVICE_UNAVAILABLE, "unavailable", reason.clone())
+        PurchaseOutcome::Unavailable { why, reason } => {
+            return Some(ApiError::internal(why.message(), reason));
         }
     };
     Some(ApiError::new(status, code, message))
@@ -619,7 +625,10 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         }
         Err(e) => {
             metrics::counter!("seckill_token_store_errors_total").increment(1);
-            return Err(ApiError::unavailable(format!("token store: {e}")));
+            return Err(ApiError::internal(
+                "the token service is unavailable; try again",
+                format!("token store: {e}"),
+            ));
         }
     }
     match api
@@ -677,7 +686,7 @@ async fn order_of_user<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let plan = api.core.service.plan(a).ok_or_else(|| unknown_activity(a))?;
     let view = order_status(&api.core.cache, &api.core.ledger, &plan, user)
         .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        .map_err(|e| ApiError::internal("the order's status is unavailable; try again", e))?;
     Ok(Json(OrderAnswer {
         state: view.state,
         reservation_id: view.reservation.map(|r| r.to_string()),
@@ -723,7 +732,7 @@ async fn payment_callback<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         .ledger
         .pay(cb.reservation, &cb.payment_id)
         .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        .map_err(|e| ApiError::internal("the ledger is unavailable; send the callback again", e))?;
     let (label, answer) = match outcome {
         PayOutcome::Paid => ("paid", Ok(Json(json!({ "status": "paid" })))),
         PayOutcome::AlreadyPaid => ("repeated", Ok(Json(json!({ "status": "paid" })))),

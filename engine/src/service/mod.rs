@@ -9,5 +9,5 @@ pub mod purchase;
 pub mod status;
 
 pub use consumer::{BatchReport, OrderConsumer};
-pub use purchase::{PurchaseConfig, PurchaseError, PurchaseOutcome, PurchaseService};
+pub use purchase::{PurchaseConfig, PurchaseError, PurchaseOutcome, PurchaseService, Unserved};
 pub use status::{order_status, OrderState, StatusView};

@@ -32,10 +32,44 @@ pub enum PurchaseOutcome {
     SoldOut,
     NotStarted,
     Ended,
-    /// A dependency is down or the activity is paused/recovering; nothing was bought.
+    /// A dependency is down or the activity is paused/recovering; nothing was bought (or, for
+    /// `Unserved::OutcomeUnknown`, whether it was is not known here). `reason` is for the log:
+    /// it may name hosts and carry the stores' error text; a buyer is told `why` alone.
     Unavailable {
+        why: Unserved,
         reason: String,
     },
+}
+
+/// Why a purchase was not served, as a buyer may be told it: stable, and naming nothing
+/// internal (no host, no store error text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Unserved {
+    /// The operator paused the sale, or a recovery holds it.
+    Held(ActivityState),
+    /// The sale's stock is not in place yet (no warmup).
+    NotReady,
+    /// The stock cache did not answer.
+    StockCache,
+    /// The order could not be queued: nothing was bought.
+    OrderBus,
+    /// The order may or may not exist: its status says.
+    OutcomeUnknown,
+}
+
+impl Unserved {
+    /// What a buyer is told.
+    pub fn message(self) -> String {
+        match self {
+            Unserved::Held(state) => format!("the sale is {state}; try again later"),
+            Unserved::NotReady => "the sale is not ready yet; try again later".into(),
+            Unserved::StockCache => "the stock service is unavailable; nothing was bought; try again".into(),
+            Unserved::OrderBus => "orders cannot be queued right now; nothing was bought; try again".into(),
+            Unserved::OutcomeUnknown => {
+                "the outcome of this purchase is not known yet: see your order's status".into()
+            }
+        }
+    }
 }
 
 impl PurchaseOutcome {
@@ -301,7 +335,7 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                 }
                 ActivityState::Open => return None,
                 ActivityState::Closed => PurchaseOutcome::Ended,
-                other => unavailable(format!("activity is {other}")),
+                other => unavailable(Unserved::Held(other), format!("activity is {other}")),
             },
         };
         Some(Ok(answer))
@@ -320,7 +354,10 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         }
         // Units reserved now could not be published: refuse before anything moves.
         if let Some(why) = self.inner.bus.known_down() {
-            return Ok(unavailable(format!("the order bus is down: {why}")));
+            return Ok(unavailable(
+                Unserved::OrderBus,
+                format!("the order bus is down: {why}"),
+            ));
         }
         let own = local.plan.route(user);
 
@@ -339,10 +376,14 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                 }
                 return Ok(PurchaseOutcome::SoldOut);
             }
-            Ok(ReserveOutcome::NotWarmed) => return Ok(unavailable("stock is not warmed".into())),
+            Ok(ReserveOutcome::NotWarmed) => {
+                return Ok(unavailable(Unserved::NotReady, "stock is not warmed".into()))
+            }
             Ok(ReserveOutcome::Gated(ActivityState::Closed)) => return Ok(PurchaseOutcome::Ended),
-            Ok(ReserveOutcome::Gated(state)) => return Ok(unavailable(format!("activity is {state}"))),
-            Err(e) => return Ok(unavailable(format!("stock cache: {e}"))),
+            Ok(ReserveOutcome::Gated(state)) => {
+                return Ok(unavailable(Unserved::Held(state), format!("activity is {state}")))
+            }
+            Err(e) => return Ok(unavailable(Unserved::StockCache, format!("stock cache: {e}"))),
         };
         // Fault point: a process stalled between reserve and publish, past the delivery timeout
         // (it wakes up as a zombie and publishes a reservation a recovery may have dropped).
@@ -358,7 +399,8 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                 "activity {a} is at generation {known}, the reservation was made at {}",
                 reservation.generation
             );
-            self.give_back(reservation, why).await
+            self.give_back(reservation, Unserved::Held(ActivityState::Recovering), why)
+                .await
         } else {
             self.publish(&local.plan, reservation).await
         };
@@ -408,15 +450,17 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             return match self.inner.cache.adopt(&reservation).await {
                 Ok(true) => (PurchaseOutcome::Queued(reservation), Some(true)),
                 Ok(false) => (
-                    unavailable(format!(
-                        "order bus: {e}; the reservation is no longer in Redis (check the order's status)"
-                    )),
+                    unavailable(
+                        Unserved::OutcomeUnknown,
+                        format!("order bus: {e}; the reservation is no longer in Redis (check the order's status)"),
+                    ),
                     None,
                 ),
                 Err(adopt) => (
-                    unavailable(format!(
-                        "order bus: {e}; and Redis: {adopt} (check the order's status)"
-                    )),
+                    unavailable(
+                        Unserved::OutcomeUnknown,
+                        format!("order bus: {e}; and Redis: {adopt} (check the order's status)"),
+                    ),
                     None,
                 ),
             };
@@ -437,12 +481,19 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         // republish age (it adopts and republishes the reservation meanwhile).
         #[cfg(madsim)]
         crate::planted::stall(4, std::time::Duration::from_millis(3_000)).await;
-        self.give_back(reservation, format!("order bus: {e}")).await
+        self.give_back(reservation, Unserved::OrderBus, format!("order bus: {e}"))
+            .await
     }
 
-    /// Give back a reservation that certainly was not published (`why`), and answer; with the
-    /// answer, what a pending-fallback mark should become (see `publish`).
-    async fn give_back(&self, reservation: Reservation, why: String) -> (PurchaseOutcome, Option<bool>) {
+    /// Give back a reservation that certainly was not published (`why`; a buyer is told
+    /// `given_back` once it is back), and answer; with the answer, what a pending-fallback mark
+    /// should become (see `publish`).
+    async fn give_back(
+        &self,
+        reservation: Reservation,
+        given_back: Unserved,
+        why: String,
+    ) -> (PurchaseOutcome, Option<bool>) {
         let released = self
             .inner
             .cache
@@ -453,14 +504,15 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         #[cfg(madsim)]
         crate::planted::stall(20, std::time::Duration::from_millis(2_000)).await;
         match released {
-            Ok(Released::Released) => (unavailable(why), Some(false)),
+            Ok(Released::Released) => (unavailable(given_back, why), Some(false)),
             Ok(Released::Adopted) => (PurchaseOutcome::Queued(reservation), Some(true)),
             // Gone from Redis: lost with Redis data (no order then), or rescued, applied and
             // settled by a recovery meanwhile (an order then). Not known here.
             Ok(Released::Absent) => (
-                unavailable(format!(
-                    "{why}; the reservation is no longer in Redis (check the order's status)"
-                )),
+                unavailable(
+                    Unserved::OutcomeUnknown,
+                    format!("{why}; the reservation is no longer in Redis (check the order's status)"),
+                ),
                 None,
             ),
             // Not given back. Whether it is still open (then the reconciler republishes it and
@@ -469,15 +521,16 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             // restart lost it, and the release met NOSCRIPT: simulation chaos seed 76). No
             // promise either way.
             Err(release) => (
-                unavailable(format!(
-                    "{why}; giving the units back: {release} (check the order's status)"
-                )),
+                unavailable(
+                    Unserved::OutcomeUnknown,
+                    format!("{why}; giving the units back: {release} (check the order's status)"),
+                ),
                 None,
             ),
         }
     }
 }
 
-fn unavailable(reason: String) -> PurchaseOutcome {
-    PurchaseOutcome::Unavailable { reason }
+fn unavailable(why: Unserved, reason: String) -> PurchaseOutcome {
+    PurchaseOutcome::Unavailable { why, reason }
 }

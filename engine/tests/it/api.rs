@@ -297,13 +297,19 @@ async fn purchase_answers_every_outcome() {
     at(&h, "POST", "/api/v1/admin/activities/4/resume", None, &[AUTH]).await;
     let token = h.token(4, 1).await;
     h.redis.knob.set(Mode::FailDeterminate);
-    let (s, body, _) = h.buy_with(4, 1, &json!({ "token": token }).to_string()).await;
+    let (s, body, headers) = h.buy_with(4, 1, &json!({ "token": token }).to_string()).await;
     h.redis.knob.set(Mode::Pass);
     assert_eq!((s, code(&body)), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains("stock cache"),
+    // The buyer is told the public reason alone (the store's error is in the log, under the
+    // request id the answer carries).
+    assert_eq!(
+        body["error"]["message"],
+        seckill_engine::service::Unserved::StockCache.message(),
         "{body}"
     );
+    let request_id = headers["x-request-id"].to_str().unwrap();
+    assert!(!request_id.is_empty());
+    assert_eq!(body["error"]["request_id"], request_id, "{body}");
 }
 
 #[tokio::test]

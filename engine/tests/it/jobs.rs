@@ -288,7 +288,7 @@ async fn recovery_rebuilds_redis_after_it_lost_everything() {
     ));
     rig.refresh().await;
     assert!(
-        matches!(rig.buy(UserId(9)).await, PurchaseOutcome::Unavailable { reason } if reason.contains("recovering"))
+        matches!(rig.buy(UserId(9)).await, PurchaseOutcome::Unavailable { reason, .. } if reason.contains("recovering"))
     );
 
     let report = recovered(recover(&rig, "f2").await.unwrap());

@@ -9,7 +9,7 @@ use seckill_engine::domain::{ActivityId, BucketNo, InvalidField, StockPlan, User
 use seckill_engine::ports::{Ledger, OrderBus, PayOutcome, StockCache};
 use seckill_engine::service::{
     audit, order_status, OrderConsumer, OrderState, PurchaseConfig, PurchaseError, PurchaseOutcome,
-    PurchaseService,
+    PurchaseService, Unserved,
 };
 use std::sync::atomic::Ordering;
 
@@ -208,7 +208,7 @@ async fn determinate_publish_failure_gives_the_unit_back_and_allows_a_retry() {
     rig.bus.knob.set(Mode::FailDeterminate);
     let out = rig.buy(UserId(5)).await;
     assert!(
-        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("order bus")),
+        matches!(&out, PurchaseOutcome::Unavailable { reason, .. } if reason.contains("order bus")),
         "{out:?}"
     );
     assert_eq!(rig.stocks().await, before);
@@ -236,7 +236,7 @@ async fn a_reservation_older_than_the_registrys_generation_is_given_back() {
     rig.refresh().await;
     let out = rig.buy(UserId(5)).await;
     assert!(
-        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("generation 1")),
+        matches!(&out, PurchaseOutcome::Unavailable { reason, .. } if reason.contains("generation 1")),
         "{out:?}"
     );
     assert_eq!(rig.stocks().await, before, "the unit is back");
@@ -334,7 +334,7 @@ async fn a_failed_or_unknown_publish_whose_reservation_vanished_is_not_queued() 
         rig.bus.on_publish(move || redis.flush_all());
         let out = rig.buy(UserId(user)).await;
         assert!(
-            matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("no longer in Redis")),
+            matches!(&out, PurchaseOutcome::Unavailable { reason, .. } if reason.contains("no longer in Redis")),
             "{mode:?}: {out:?}"
         );
     }
@@ -358,7 +358,7 @@ async fn an_unknown_publish_and_an_unanswered_redis_is_not_queued() {
     });
     let out = rig.buy(UserId(5)).await;
     assert!(
-        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("check the order's status")),
+        matches!(&out, PurchaseOutcome::Unavailable { reason, why: Unserved::OutcomeUnknown } if reason.contains("check the order's status")),
         "{out:?}"
     );
 }
@@ -376,7 +376,7 @@ async fn a_paused_gate_refuses_whatever_the_local_cache_says() {
     rig.cache.set_gates(&rig.plan, &paused).await.unwrap();
     let out = rig.buy(UserId(5)).await;
     assert!(
-        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("paused")),
+        matches!(&out, PurchaseOutcome::Unavailable { reason, .. } if reason.contains("paused")),
         "{out:?}"
     );
     assert_eq!(rig.stocks().await, vec![Some(4), Some(0)], "nothing taken");
@@ -403,7 +403,7 @@ async fn redis_down_is_a_fast_unavailable_and_moves_nothing() {
     rig.cache.conn().knob.set(Mode::FailDeterminate);
     let out = rig.buy(UserId(5)).await;
     assert!(
-        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("stock cache")),
+        matches!(&out, PurchaseOutcome::Unavailable { reason, .. } if reason.contains("stock cache")),
         "{out:?}"
     );
     rig.cache.conn().knob.set(Mode::Pass);
@@ -421,7 +421,7 @@ async fn unknown_reserve_outcome_is_unavailable_but_accounted() {
     rig.cache.conn().knob.set(Mode::FailAfter);
     let out = rig.buy(UserId(5)).await;
     assert!(
-        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("outcome unknown")),
+        matches!(&out, PurchaseOutcome::Unavailable { reason, .. } if reason.contains("outcome unknown")),
         "{out:?}"
     );
     rig.cache.conn().knob.set(Mode::Pass);

@@ -139,7 +139,7 @@ async fn an_activity_created_on_one_process_is_bought_and_paused_through_another
     two.set_intent(A, ActivityState::Paused).await.unwrap();
     let out = buy(&one, UserId(2)).await;
     assert!(
-        matches!(&out, PurchaseOutcome::Unavailable { reason } if reason.contains("paused")),
+        matches!(&out, PurchaseOutcome::Unavailable { reason, .. } if reason.contains("paused")),
         "{out:?}"
     );
     one.refresh().await.unwrap();

@@ -273,7 +273,7 @@ impl World {
             .outcomes
             .entry(label.into())
             .or_insert(0) += 1;
-        if let Ok(Ok(PurchaseOutcome::Unavailable { reason })) = &answer {
+        if let Ok(Ok(PurchaseOutcome::Unavailable { reason, .. })) = &answer {
             self.faults.event(format!("user {user}: unavailable: {reason}"));
         }
         if let Ok(Ok(PurchaseOutcome::Queued(r))) = answer {

@@ -142,7 +142,7 @@ async fn redis_down_answers_unavailable_fast_and_moves_no_stock() {
     let outcome = svc.purchase(a.id(), UserId(2), 1).await;
     let took = started.elapsed();
     match &outcome {
-        Ok(PurchaseOutcome::Unavailable { reason }) => assert!(!reason.is_empty()),
+        Ok(PurchaseOutcome::Unavailable { reason, .. }) => assert!(!reason.is_empty()),
         other => panic!("with Redis down: {other:?}"),
     }
     eprintln!("answer with Redis down: {outcome:?} after {took:?} (configured timeout 300 ms)");
@@ -270,7 +270,7 @@ async fn kafka_stopped_leaves_reservations_open_and_orders_appear_after_it_retur
     }
     let stock = cache.snapshot(&plan).await.unwrap();
     match svc.purchase(a.id(), UserId(3), 1).await {
-        Ok(PurchaseOutcome::Unavailable { reason }) => {
+        Ok(PurchaseOutcome::Unavailable { reason, .. }) => {
             assert!(reason.contains("order bus is down"), "{reason}")
         }
         other => panic!("expected unavailable: {other:?}"),
