@@ -14,6 +14,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 const LEEWAY_S: u64 = 30;
 /// The shortest HS256 secret accepted (RFC 7518 §3.2: at least the hash size).
 pub const MIN_SECRET_LEN: usize = 32;
+/// The smallest RSA modulus a JWKS key may have (NIST SP 800-131A: 1024-bit keys are broken).
+const MIN_RSA_BITS: usize = 2048;
 
 /// The verified caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +53,37 @@ pub struct Identity {
 struct Claims {
     sub: String,
     exp: u64,
+    /// Not before (seconds): a token issued for later is refused until then.
+    nbf: Option<u64>,
+}
+
+/// A JWKS key too weak to verify with: an "oct" (shared) key shorter than `MIN_SECRET_LEN`, or
+/// an RSA key under `MIN_RSA_BITS`.
+fn weak(jwk: &jsonwebtoken::jwk::Jwk) -> Option<String> {
+    use base64::Engine;
+    use jsonwebtoken::jwk::AlgorithmParameters;
+    let bytes = |b64: &str| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(b64.trim_end_matches('='))
+            .map(|b| b.len())
+            .unwrap_or(0)
+    };
+    match &jwk.algorithm {
+        AlgorithmParameters::OctetKey(k) if bytes(&k.value) < MIN_SECRET_LEN => Some(format!(
+            "an \"oct\" key of {} bytes (at least {MIN_SECRET_LEN})",
+            bytes(&k.value)
+        )),
+        AlgorithmParameters::RSA(k) => {
+            let n = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(k.n.trim_end_matches('='))
+                .unwrap_or_default();
+            let bits = n.iter().position(|b| *b != 0).map_or(0, |first| {
+                (n.len() - first) * 8 - n[first].leading_zeros() as usize
+            });
+            (bits < MIN_RSA_BITS).then(|| format!("an RSA key of {bits} bits (at least {MIN_RSA_BITS})"))
+        }
+        _ => None,
+    }
 }
 
 impl Identity {
@@ -87,6 +120,9 @@ impl Identity {
                 .to_string()
                 .parse()
                 .map_err(|_| format!("key {name}: \"alg\" {alg} is not a signature algorithm"))?;
+            if let Some(why) = weak(jwk) {
+                return Err(format!("key {name}: {why}"));
+            }
             let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {name}: {e}"))?;
             keys.push((jwk.common.key_id.clone(), alg, key));
         }
@@ -145,6 +181,9 @@ impl Identity {
         let data = jsonwebtoken::decode::<Claims>(token, key, &v).map_err(|e| invalid(e.to_string()))?;
         if data.claims.exp.saturating_add(LEEWAY_S).saturating_mul(1_000) < now_ms {
             return Err(invalid("the token has expired"));
+        }
+        if (data.claims.nbf).is_some_and(|nbf| nbf.saturating_sub(LEEWAY_S).saturating_mul(1_000) > now_ms) {
+            return Err(invalid("the token is not valid yet (\"nbf\")"));
         }
         let sub = &data.claims.sub;
         let user = (!sub.is_empty() && sub.len() <= 19 && sub.bytes().all(|c| c.is_ascii_digit()))
@@ -354,5 +393,81 @@ mod tests {
         assert!(Identity::jwks(r#"{"keys":[]}"#, None, None).is_err());
         let no_alg = Identity::jwks(r#"{"keys":[{"kty":"oct","k":"AA"}]}"#, None, None);
         assert!(no_alg.err().unwrap().contains("alg"));
+    }
+
+    /// Public moduli of test-only RSA keys (`openssl genrsa`), base64url.
+    const RSA_2048_N: &str = "wfuFFypq8a_hg8mCkFpUNzYq_TNBi1vI2S4vEph7OIUeRyqL6mS_ccj28ua91WJ2EtFLJECO1abEttLFtUUbGNvKJw3ob9MyMpfE1GqvBYOUXN2ZDJvRFS2PraGjTnUqj5nkVK6BZczF98pUy_Y4yYSFjz9NOu-hV0wCfM9AE_QjOAbXEq3snDcpBuI2qB3k5xHLzXQotxLJxZMTwHlQ4Pz0yFQzuPu6DJru0IPdnW8833vxLcoyX4aPclkeTpfYH2ntNg1kupaKak8JUBNT10shPjJnwGNvYCGDc_84NhQlow_XZ5nSCVz9Rc_UwBcKar31B02pOjyzFE2O74VC7Q";
+    const RSA_1024_N: &str = "uNk1k14QDwRsxQThKrudwSWdD2yppxjmMG63e6FC-r35UuhllFqh0p0hTdnwXhsWBBIF7ISTUTUpb7vICoUuEvmsRyOeviZlSPsEiV_nmIWsH29UpGnTkJU3Bq0yMZAGeHb6J6ZjdoypWoEydwNvPALkICXgqe14JRXD1Ur0XE0";
+
+    fn rsa_jwks(n: &str) -> String {
+        format!(r#"{{"keys":[{{"kty":"RSA","alg":"RS256","kid":"rsa","n":"{n}","e":"AQAB"}}]}}"#)
+    }
+
+    #[test]
+    fn weak_jwks_keys_are_refused_by_name() {
+        assert!(Identity::jwks(&rsa_jwks(RSA_2048_N), None, None).is_ok());
+        let e = Identity::jwks(&rsa_jwks(RSA_1024_N), None, None).err().unwrap();
+        assert!(e.contains("key rsa") && e.contains("1024 bits"), "{e}");
+        let e = Identity::jwks(
+            r#"{"keys":[{"kty":"oct","alg":"HS256","kid":"s","k":"c2hvcnQ"}]}"#,
+            None,
+            None,
+        )
+        .err()
+        .unwrap();
+        assert!(e.contains("key s") && e.contains("5 bytes"), "{e}");
+    }
+
+    /// The attacks a JWT library is known for: a token that claims no signature (`alg: none`),
+    /// and an HS256 token keyed with the RSA public key the verifier trusts (algorithm confusion).
+    #[test]
+    fn unsigned_tokens_and_algorithm_confusion_are_refused() {
+        let b64 = |v: &serde_json::Value| {
+            base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, v.to_string())
+        };
+        let claims = serde_json::json!({"sub": "12", "exp": NOW_MS / 1_000 + 60});
+        let none = format!(
+            "{}.{}.",
+            b64(&serde_json::json!({"alg": "none", "typ": "JWT"})),
+            b64(&claims)
+        );
+        for id in [
+            Identity::hs256(SECRET, None, None).unwrap(),
+            Identity::jwks(&rsa_jwks(RSA_2048_N), None, None).unwrap(),
+        ] {
+            assert!(
+                id.verify(Some(&bearer(&none)), NOW_MS).is_err(),
+                "alg none accepted"
+            );
+        }
+        let rsa = Identity::jwks(&rsa_jwks(RSA_2048_N), None, None).unwrap();
+        let mut h = Header::new(Algorithm::HS256);
+        h.kid = Some("rsa".into());
+        let confused =
+            jsonwebtoken::encode(&h, &claims, &EncodingKey::from_secret(RSA_2048_N.as_bytes())).unwrap();
+        let e = rsa.verify(Some(&bearer(&confused)), NOW_MS).unwrap_err();
+        assert!(e.reason.contains("RS256"), "{}", e.reason);
+    }
+
+    #[test]
+    fn a_token_is_refused_before_its_not_before() {
+        let id = Identity::hs256(SECRET, None, None).unwrap();
+        let key = EncodingKey::from_secret(SECRET);
+        let sign = |nbf: u64| {
+            let claims = serde_json::json!({"sub": "4", "exp": NOW_MS / 1_000 + 3_600, "nbf": nbf});
+            jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key).unwrap()
+        };
+        let later = sign(NOW_MS / 1_000 + LEEWAY_S + 60);
+        assert!(id
+            .verify(Some(&bearer(&later)), NOW_MS)
+            .unwrap_err()
+            .reason
+            .contains("nbf"));
+        assert_eq!(
+            id.verify(Some(&bearer(&later)), NOW_MS + 61_000),
+            Ok(Caller(UserId(4)))
+        );
+        let now = sign(NOW_MS / 1_000);
+        assert_eq!(id.verify(Some(&bearer(&now)), NOW_MS), Ok(Caller(UserId(4))));
     }
 }
