@@ -80,6 +80,18 @@ pub struct BucketState {
     pub ledger_transfers_net: i64,
 }
 
+impl BucketState {
+    /// Units of this bucket's open reservations whose order is not among `held` (the ledger's
+    /// stock-holding orders, `Snapshot::holding_reservations`): reserved in Redis only.
+    pub fn unordered_units(&self, held: &BTreeSet<&str>) -> u64 {
+        self.open
+            .iter()
+            .filter(|r| !held.contains(r.reservation.as_str()))
+            .map(|r| r.qty)
+            .sum()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OpenReservation {
     pub reservation: String,
@@ -456,12 +468,7 @@ pub fn r1_reconciled(s: &Snapshot) -> Vec<Violation> {
             ));
             continue;
         };
-        let open: u64 = b
-            .open
-            .iter()
-            .filter(|r| !in_ledger.contains(r.reservation.as_str()))
-            .map(|r| r.qty)
-            .sum();
+        let open = b.unordered_units(&in_ledger);
         let units = sold.get(&b.bucket).copied().unwrap_or(0);
         // Redis's transfer marks count what moved only if the ledger's journal moved the same: a
         // take the recovery's rebuild undid (its units back in the source, its mark gone) whose
@@ -667,12 +674,7 @@ pub fn r1_units_conserved(s: &Snapshot) -> Vec<Violation> {
         .iter()
         .filter_map(|b| {
             let released: BTreeSet<&str> = b.released_cancels.iter().map(String::as_str).collect();
-            let unordered: u64 = b
-                .open
-                .iter()
-                .filter(|o| !held.contains(o.reservation.as_str()))
-                .map(|o| o.qty)
-                .sum();
+            let unordered = b.unordered_units(&held);
             let orders = || s.orders.iter().filter(|o| o.bucket == b.bucket);
             let sold: u64 = orders().filter(|o| o.status.holds_stock()).map(|o| o.qty).sum();
             let returning: u64 = orders()

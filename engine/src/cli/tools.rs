@@ -199,39 +199,30 @@ fn refuse_placeholders(cfg: &crate::api::config::ServeConfig, s: &RealSettings) 
             .ok()
             .and_then(|u| u.password().map(str::to_string))
     };
-    let mut secrets = vec![
-        (
-            "admin_token (SECKILL_ADMIN_TOKEN)",
-            cfg.admin_token.as_deref().map(str::to_string),
-        ),
-        (
-            "token_secret (SECKILL_TOKEN_SECRET)",
-            cfg.token_secret.as_deref().map(str::to_string),
-        ),
-        (
-            "jwt_secret (SECKILL_JWT_SECRET)",
-            match &cfg.jwt {
-                Some(JwtKeys::Secret(secret)) => Some(secret.to_string()),
-                _ => None,
-            },
-        ),
+    let (db, redis) = (
+        url_password(&s.mysql.url),
+        s.redis.urls.iter().map(|u| url_password(u)).collect::<Vec<_>>(),
+    );
+    let jwt = match &cfg.jwt {
+        Some(JwtKeys::Secret(secret)) => Some(&**secret),
+        _ => None,
+    };
+    let mut secrets: Vec<(&str, Option<&str>)> = vec![
+        ("admin_token (SECKILL_ADMIN_TOKEN)", cfg.admin_token.as_deref()),
+        ("token_secret (SECKILL_TOKEN_SECRET)", cfg.token_secret.as_deref()),
+        ("jwt_secret (SECKILL_JWT_SECRET)", jwt),
         (
             "payment_secret (SECKILL_PAYMENT_SECRET)",
-            cfg.payment_secret.as_deref().map(str::to_string),
+            cfg.payment_secret.as_deref(),
         ),
-        ("DATABASE_URL's password", url_password(&s.mysql.url)),
+        ("DATABASE_URL's password", db.as_deref()),
     ];
-    secrets.extend(
-        s.redis
-            .urls
-            .iter()
-            .map(|u| ("REDIS_URL's password", url_password(u))),
-    );
+    secrets.extend(redis.iter().map(|p| ("REDIS_URL's password", p.as_deref())));
     if let Some(sasl) = &s.kafka.security.sasl {
-        secrets.push(("SECKILL_KAFKA_SASL_PASSWORD", Some(sasl.password.0.clone())));
+        secrets.push(("SECKILL_KAFKA_SASL_PASSWORD", Some(&*sasl.password)));
     }
     for (what, secret) in secrets {
-        if let Some(why) = secret.as_deref().and_then(placeholder) {
+        if let Some(why) = secret.and_then(placeholder) {
             return Err(format!(
                 "{what}: {why}: with real stores every secret must be one you chose (e.g. `openssl rand -hex 32`)"
             ));
@@ -276,7 +267,7 @@ pub fn serve(
             return ExitCode::from(2);
         }
     };
-    let mut cfg = match ServeConfig::load(text.as_deref(), env, &flags) {
+    let mut cfg = match ServeConfig::load(text.as_deref(), &env, &flags) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -294,7 +285,8 @@ pub fn serve(
         Err(code) => return code,
     };
     run_on(runtime, async move {
-        let settings = RealSettings::from_env().map_err(|e| e.to_string())?;
+        let settings = RealSettings::from_lookup(|k| env(k).filter(|v| !v.trim().is_empty()))
+            .map_err(|e| e.to_string())?;
         let mut rng = rand::rngs::StdRng::from_entropy();
         if settings.is_some() {
             // Many processes share one sale: each must verify what another issued, and no
