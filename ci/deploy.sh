@@ -79,6 +79,11 @@ template "${render[@]}" | python3 ci/helm_check.py "$bin"
 all_values=(-f "$chart/ci/test-values-all.yaml")
 lint "${render[@]}" "${all_values[@]}"
 template "${render[@]}" "${all_values[@]}" | python3 ci/helm_check.py "$bin" --optional
+# An Ingress without the proxies to believe is refused: every buyer would share one address.
+if out=$("$helm" template seckill "$chart" "${render[@]}" "${all_values[@]}" --set trustedProxies= 2>&1); then
+  echo "the chart rendered an Ingress with no trustedProxies" >&2; exit 1
+fi
+grep -q "ingress.enabled needs trustedProxies" <<<"$out" || { printf '%s\n' "$out" >&2; exit 1; }
 # Every store over TLS, Kafka with SASL, the CA and a client certificate from a Secret of one's own.
 tls_values=(-f "$chart/ci/test-values-tls.yaml")
 lint "${render[@]}" "${tls_values[@]}"

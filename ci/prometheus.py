@@ -159,6 +159,7 @@ def run(seckill, prometheus, work, procs, database_url):
                SECKILL_ADMIN_TOKEN=ADMIN,
                SECKILL_TOKEN_SECRET="prometheus-check-token-secret-0123456789",
                SECKILL_JWT_SECRET="prometheus-check-jwt-secret-0123456789ab",
+               SECKILL_JWT_AUDIENCE="seckill",
                SECKILL_PAYMENT_SECRET="prometheus-check-payment-secret-012345",
                SECKILL_LOG="warn")
     # The schema first, once, as a deployment's migration job does: three processes that each

@@ -23,6 +23,7 @@ cargo build -q --release --bin seckill
 work=$(mktemp -d)
 export SECKILL_ADMIN_TOKEN=runbook-admin-token-$id SECKILL_TOKEN_SECRET=runbook-token-secret-0123456789abcdef
 export SECKILL_JWT_SECRET=runbook-jwt-secret-0123456789abcdefghij SECKILL_PAYMENT_SECRET=runbook-payment-secret
+export SECKILL_JWT_AUDIENCE=seckill
 "$root/target/release/seckill" serve > "$work/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true; rm -rf "$work"' EXIT
@@ -55,7 +56,7 @@ EOF
       cat <<EOF
 J=\$(seckill jwt --user 7)
 T=\$(curl -s -X POST localhost:8080/api/v1/activities/$id/token -H "authorization: Bearer \$J" | sed 's/.*"token":"\\([^"]*\\)".*/\\1/')
-curl -s -X POST localhost:8080/api/v1/activities/$id/purchase -H "authorization: Bearer \$J" -d '{"token": "'\$T'"}'
+curl -s -X POST localhost:8080/api/v1/activities/$id/purchase -H "authorization: Bearer \$J" --json '{"token": "'\$T'"}'
 for _ in \$(seq 60); do command curl -s \$A/api/v1/admin/activities/$id/orders/7 -H "\$H" | grep -q '"created"' && break; sleep 0.5; done
 EOF
     fi

@@ -33,7 +33,7 @@ if ! curl -sf "localhost:$admin/healthz" > /dev/null; then
 fi
 now=$(date +%s%3N)
 curl -sf -X POST "localhost:$admin/api/v1/admin/activities" -H 'authorization: Bearer schemathesis-admin-token' \
-  -d '{"id": 1, "total_stock": 100, "buckets": 4, "fallback_pct": 10, "start_ms": '"$now"', "end_ms": '"$((now + 3600000))"', "pay_timeout_ms": 900000}' > /dev/null
+  --json '{"id": 1, "total_stock": 100, "buckets": 4, "fallback_pct": 10, "start_ms": '"$now"', "end_ms": '"$((now + 3600000))"', "pay_timeout_ms": 900000}' > /dev/null
 jwt=$(SECKILL_JWT_SECRET=schemathesis-jwt-secret-0123456789abcdef "$bin" jwt --user 1)
 checks=not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance
 doc=target/schemathesis/openapi.json

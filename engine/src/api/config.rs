@@ -130,6 +130,8 @@ struct FileConfig {
     header_read_timeout_ms: Option<u64>,
     max_connections: Option<u64>,
     shutdown_deadline_ms: Option<u64>,
+    max_header_bytes: Option<u64>,
+    max_headers: Option<u64>,
     rate_limit: Option<FileRates>,
 }
 
@@ -184,6 +186,24 @@ struct Setting<'a, T> {
 }
 
 impl ServeConfig {
+    /// What is allowed but probably wrong, for `serve` to say loudly at start and
+    /// `--check-config` to print: a public listener off loopback that believes no proxy (behind
+    /// an ingress or a load balancer, every buyer would share the proxy's address and its per-IP
+    /// limit: one bot gets everyone a 429). Not refused: a listener that clients reach directly
+    /// needs no proxy.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if !self.listen.ip().is_loopback() && self.trusted_proxies.is_empty() {
+            w.push(format!(
+                "listen {} is off loopback and trusted_proxies is empty: behind a proxy or an \
+                 ingress every buyer shares its address and its per-IP limit; name the proxies in \
+                 trusted_proxies (SECKILL_TRUSTED_PROXIES), unless clients connect directly",
+                self.listen
+            ));
+        }
+        w
+    }
+
     /// From the TOML text of `--config` (if any), the environment (`env` looks a variable up)
     /// and the command line's `flags`, each source over the one before; validated once all are in.
     pub fn load(
@@ -487,6 +507,25 @@ impl ServeConfig {
                     0..=600_000,
                     d.conn_limits.shutdown_deadline.as_millis() as u64,
                 )?),
+                // hyper refuses a read buffer under 8 KiB.
+                max_header_bytes: num(
+                    Setting {
+                        key: "max_header_bytes",
+                        var: "SECKILL_MAX_HEADER_BYTES",
+                        file: f.max_header_bytes,
+                    },
+                    8_192..=1 << 20,
+                    d.conn_limits.max_header_bytes as u64,
+                )? as usize,
+                max_headers: num(
+                    Setting {
+                        key: "max_headers",
+                        var: "SECKILL_MAX_HEADERS",
+                        file: f.max_headers,
+                    },
+                    8..=1_000,
+                    d.conn_limits.max_headers as u64,
+                )? as usize,
             },
         })
     }
@@ -672,5 +711,17 @@ mod tests {
         let e = load("lisen = \"127.0.0.1:1\"", &[]).unwrap_err();
         assert!(e.reason.contains("lisen"), "{e}");
         assert_eq!(key("body_limit_bytes = \"big\"", &[]), "body_limit_bytes");
+    }
+
+    #[test]
+    fn a_public_listener_that_believes_no_proxy_is_warned_about() {
+        let c = load("listen = \"0.0.0.0:8080\"", &[]).unwrap();
+        let w = c.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("trusted_proxies is empty"), "{w:?}");
+        let c = load("listen = \"0.0.0.0:8080\"\ntrusted_proxies = [\"10.0.0.0/8\"]", &[]).unwrap();
+        assert_eq!(c.warnings(), Vec::<String>::new());
+        let c = load("listen = \"127.0.0.1:8080\"", &[]).unwrap();
+        assert_eq!(c.warnings(), Vec::<String>::new());
     }
 }

@@ -237,28 +237,68 @@ pub fn dev_secret_path() -> std::path::PathBuf {
 }
 
 /// The development key: read from `dev_secret_path()`, or made (hex of 32 random bytes, file
-/// mode 0600) if there is none yet.
-pub fn dev_secret(rng: &mut impl rand::RngCore) -> std::io::Result<String> {
+/// mode 0600) if there is none yet. The file sits in a directory everyone may write to (`/tmp`):
+/// it is created exclusively (never through a link somebody planted) and a file found there is
+/// used only if it is this user's own, a plain file, and readable by nobody else — otherwise
+/// anyone on the machine could choose the key and mint any user's JWT.
+pub fn dev_secret(rng: &mut impl rand::RngCore) -> Result<String, String> {
     let path = dev_secret_path();
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let text = text.trim().to_string();
-        if text.len() >= MIN_SECRET_LEN {
-            return Ok(text);
-        }
+    if let Some(secret) = read_dev_secret(&path)? {
+        return Ok(secret);
     }
     let mut b = [0u8; 32];
     rng.fill_bytes(&mut b);
     let secret: String = b.iter().map(|b| format!("{b:02x}")).collect();
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
+    let created = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        .open(&path)?;
-    f.write_all(secret.as_bytes())?;
-    Ok(secret)
+        .open(&path);
+    match created {
+        Ok(mut f) => f
+            .write_all(secret.as_bytes())
+            .map(|()| secret)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        // Another process made it between the read and the create: use its key.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_dev_secret(&path)?
+            .ok_or_else(|| format!("{}: exists but holds no key; remove it", path.display())),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// The key in an existing development key file; `None` if there is no file (or it holds too
+/// short a key, as a file being written does). Refused by name: a link, a file of another user, a
+/// file others may read or write.
+fn read_dev_secret(path: &std::path::Path) -> Result<Option<String>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let why = if !meta.file_type().is_file() {
+        Some("is not a plain file (a link?)".to_string())
+    } else if meta.uid() != me {
+        Some(format!("belongs to uid {}, not to this user (uid {me})", meta.uid()))
+    } else if meta.mode() & 0o077 != 0 {
+        Some(format!("may be read or written by others (mode {:o})", meta.mode() & 0o777))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(format!(
+            "the development JWT key {} {why}: whoever made it could mint any user's JWT; \
+             remove it (a new one is made) or set SECKILL_JWT_SECRET",
+            path.display()
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = text.trim();
+    Ok((text.len() >= MIN_SECRET_LEN).then(|| text.to_string()))
 }
 
 /// The HS256 secret a tool mints user JWTs with (`seckill jwt`, `seckill load`): the
@@ -274,14 +314,13 @@ pub fn minting_secret(env: impl Fn(&str) -> Option<String>) -> Result<String, St
         return Ok(s);
     }
     let path = dev_secret_path();
-    match std::fs::read_to_string(&path) {
-        Ok(text) if text.trim().len() >= MIN_SECRET_LEN => Ok(text.trim().to_string()),
-        _ => Err(format!(
+    read_dev_secret(&path)?.ok_or_else(|| {
+        format!(
             "SECKILL_JWT_SECRET is not set and there is no development key in {} yet: \
              start `seckill serve` on the embedded default first, or set the server's secret",
             path.display()
-        )),
-    }
+        )
+    })
 }
 
 #[cfg(test)]
@@ -469,5 +508,38 @@ mod tests {
         );
         let now = sign(NOW_MS / 1_000);
         assert_eq!(id.verify(Some(&bearer(&now)), NOW_MS), Ok(Caller(UserId(4))));
+    }
+
+    #[test]
+    fn a_development_key_file_somebody_else_could_have_made_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("seckill-dev-key-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = "ab".repeat(32);
+        let file = dir.join("key");
+        std::fs::write(&file, &key).unwrap();
+
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_dev_secret(&file), Ok(Some(key.clone())));
+        assert_eq!(read_dev_secret(&dir.join("absent")), Ok(None));
+
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_dev_secret(&file).unwrap_err();
+        assert!(e.contains("may be read or written by others (mode 644)"), "{e}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let e = read_dev_secret(&link).unwrap_err();
+        assert!(e.contains("is not a plain file"), "{e}");
+
+        // Another user's file: only root can make one here (CI runs as root).
+        let me = unsafe { libc::geteuid() };
+        if me == 0 {
+            std::os::unix::fs::chown(&file, Some(1), None).unwrap();
+            let e = read_dev_secret(&file).unwrap_err();
+            assert!(e.contains("belongs to uid 1, not to this user (uid 0)"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

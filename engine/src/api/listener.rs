@@ -4,7 +4,9 @@
 //! keep-alive connection, so an idle connection too — must arrive within `header_read_timeout`;
 //! beyond `max_connections` a connection is accepted and closed at once (the others are not
 //! stalled); on stop, in-flight requests get `shutdown_deadline` to finish, then every
-//! connection is dropped.
+//! connection is dropped. A request head is bounded in bytes and in header lines (hyper answers
+//! 431 past either): hyper's default read buffer of ~400 KiB per connection, times the
+//! connection cap, would let a few thousand slow clients hold gigabytes.
 
 use axum::extract::ConnectInfo;
 use axum::Router;
@@ -22,6 +24,11 @@ pub struct ConnLimits {
     pub header_read_timeout: Duration,
     pub max_connections: usize,
     pub shutdown_deadline: Duration,
+    /// The most a request's head (request line and headers) may take, in bytes: also the
+    /// connection's read buffer.
+    pub max_header_bytes: usize,
+    /// The most header lines a request may have.
+    pub max_headers: usize,
 }
 
 impl Default for ConnLimits {
@@ -30,6 +37,10 @@ impl Default for ConnLimits {
             header_read_timeout: Duration::from_secs(5),
             max_connections: 10_000,
             shutdown_deadline: Duration::from_secs(10),
+            // A bearer JWT with an RSA signature is about 1 KiB, a browser's headers a few: 16
+            // KiB is room for both and for the cookies of a shop's domain.
+            max_header_bytes: 16 * 1024,
+            max_headers: 64,
         }
     }
 }
@@ -46,6 +57,8 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes)
+        .max_headers(limits.max_headers)
         .keep_alive(true);
     loop {
         let accepted = tokio::select! {

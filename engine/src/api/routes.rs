@@ -142,10 +142,42 @@ where
             "/api/v1/admin/orders/{reservation}/cancel",
             post(admin_cancel::<C, B, L, N>),
         )
+        // Every operator call is audited; the probes and the scrapes below are not.
+        .route_layer(axum::middleware::from_fn(audit_admin_call))
         .route("/metrics", get(metrics_text::<C, B, L, N>))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready::<C, B, L, N>));
     finish(r, api)
+}
+
+/// The audit line of an operator call, at info whatever the answer (who, from where, what, and
+/// how it was answered), and `seckill_admin_calls_total` by outcome: a refused token counts as
+/// `refused`, and a burst of those alerts (`SeckillAdminRefused`).
+async fn audit_admin_call(req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|p| route_index(p.as_str()))
+        .map_or("unmatched", route_name);
+    let method = req.method().clone();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let refused = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+    metrics::counter!("seckill_admin_calls_total", "outcome" => if refused { "refused" } else { "allowed" })
+        .increment(1);
+    let request_id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
+    tracing::info!(
+        target: "seckill::audit",
+        request_id = %request_id,
+        peer = ?peer,
+        %method,
+        route,
+        status = status.as_u16(),
+        refused,
+        "admin call"
+    );
+    resp
 }
 
 /// What both listeners share: JSON fallbacks, the time bound inside the observation (a request
@@ -246,11 +278,11 @@ async fn observe(req: Request, next: Next) -> Response {
 }
 
 /// The statuses the API answers, as metric labels ("other" past the end).
-const STATUSES: [u16; 14] = [
-    200, 201, 202, 400, 401, 403, 404, 409, 410, 413, 425, 429, 500, 503,
+const STATUSES: [u16; 15] = [
+    200, 201, 202, 400, 401, 403, 404, 409, 410, 413, 415, 425, 429, 500, 503,
 ];
-const STATUS_LABELS: [&str; 15] = [
-    "200", "201", "202", "400", "401", "403", "404", "409", "410", "413", "425", "429", "500", "503", "other",
+const STATUS_LABELS: [&str; 16] = [
+    "200", "201", "202", "400", "401", "403", "404", "409", "410", "413", "415", "425", "429", "500", "503", "other",
 ];
 const ROUTE_COUNT: usize = ROUTES.len() + ADMIN_ROUTES.len();
 
@@ -293,6 +325,9 @@ pub(super) fn export_at_zero() {
     ] {
         metrics::counter!("seckill_purchases_total", "outcome" => outcome).increment(0);
     }
+    for outcome in ["allowed", "refused"] {
+        metrics::counter!("seckill_admin_calls_total", "outcome" => outcome).increment(0);
+    }
     for scope in ["ip", "user", "ramp", "global"] {
         metrics::counter!("seckill_rate_limited_total", "scope" => scope).increment(0);
     }
@@ -309,13 +344,21 @@ pub(super) fn export_at_zero() {
     }
 }
 
-/// The body as bytes; a body over the limit (or unreadable) is refused as JSON like every error.
+/// The body as bytes; a body over the limit (or unreadable) is refused as JSON like every error,
+/// and so is a body that is not declared JSON (415): a form or a text body is not decoded as if
+/// it were, whatever it contains. An empty body needs no content type (the routes whose body is
+/// optional).
 pub struct RawBody(pub Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for RawBody {
     type Rejection = ApiError;
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        Bytes::from_request(req, state).await.map(RawBody).map_err(|rej| {
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(is_json);
+        let bytes = Bytes::from_request(req, state).await.map_err(|rej| {
             let status = rej.status();
             let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
                 "body_too_large"
@@ -323,8 +366,26 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
                 "body_unreadable"
             };
             ApiError::new(status, code, rej.body_text()).field("body")
-        })
+        })?;
+        if !bytes.is_empty() && !json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "a request body must be JSON: send Content-Type: application/json",
+            )
+            .field("content-type"));
+        }
+        Ok(RawBody(bytes))
     }
+}
+
+/// `application/json` or `application/<anything>+json`, parameters (a charset) allowed.
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.ends_with("+json"))
 }
 
 /// The client's IP. From a trusted proxy (its socket address in `trusted_proxies`), the
@@ -431,6 +492,21 @@ fn unauthenticated(e: super::identity::AuthError) -> ApiError {
 }
 
 /// The verified caller; a `user_id` in the body must name the same user.
+/// The caller of a buyer's route outside the purchase funnel, within its limits (DESIGN §12:
+/// every route is limited): the client's, then — once the identity verifies — the user's, both
+/// before any store is read, so a loop of order polls or cancels is refused before it reaches the
+/// ledger's connection pool (which the workers' writes share).
+fn limited_caller<C, B, L, N>(
+    api: &Shared<C, B, L, N>,
+    headers: &HeaderMap,
+    ip: Option<IpAddr>,
+) -> Result<UserId, ApiError> {
+    api.limits.check_ip(ip).map_err(rate_limited)?;
+    let me = caller(api, headers, None)?;
+    api.limits.check_user(me.0).map_err(rate_limited)?;
+    Ok(me)
+}
+
 fn caller<C, B, L, N>(
     api: &Shared<C, B, L, N>,
     headers: &HeaderMap,
@@ -646,7 +722,9 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 async fn activity_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path(id): Path<String>,
+    ClientIp(ip): ClientIp,
 ) -> Result<Json<ActivityView>, ApiError> {
+    api.limits.check_ip(ip).map_err(rate_limited)?;
     let a = id_from(&id)?;
     let (activity, state) = known(&api, a)?;
     let s = activity.spec();
@@ -666,11 +744,12 @@ async fn activity_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 async fn order_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path((id, user)): Path<(String, String)>,
+    ClientIp(ip): ClientIp,
     headers: HeaderMap,
 ) -> Result<Json<OrderAnswer>, ApiError> {
     let a = id_from(&id)?;
     let user = UserId(path_id("user", &user).map_err(ApiError::bad_input)?);
-    let me = caller(&api, &headers, None)?;
+    let me = limited_caller(&api, &headers, ip)?;
     if me != user {
         return Err(no_order().field("user"));
     }
@@ -711,9 +790,12 @@ fn no_order() -> ApiError {
 /// The payment provider's signed callback: the only way an order becomes paid (DESIGN §12).
 async fn payment_callback<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
+    ClientIp(ip): ClientIp,
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> Result<Json<Value>, ApiError> {
+    // Before the signature is checked: a flood of forged callbacks costs an HMAC each at most.
+    api.limits.check_ip(ip).map_err(rate_limited)?;
     let Some(verifier) = &api.payments else {
         return Err(ApiError::unavailable(
             "payment callbacks are not configured here (payment_secret)",
@@ -724,6 +806,15 @@ async fn payment_callback<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         .map(|v| v.as_bytes());
     verifier.verify(sig, &bytes, api.clock.now_ms()).map_err(|e| {
         paid_metric("bad_signature");
+        // Audited (and a burst alerts: SeckillPaymentSignaturesRefused): somebody who is not
+        // the payment provider is trying to mark orders paid, or the provider's key changed.
+        tracing::info!(
+            target: "seckill::audit",
+            request_id = %REQUEST_ID.try_with(Clone::clone).unwrap_or_default(),
+            peer = ?ip,
+            reason = %e.0,
+            "payment callback signature refused"
+        );
         ApiError::new(StatusCode::UNAUTHORIZED, "bad_signature", e.0).field("x-seckill-signature")
     })?;
     let cb = super::payment::callback(&bytes).map_err(ApiError::bad_input)?;
@@ -777,11 +868,13 @@ fn paid_metric(outcome: &'static str) {
 async fn cancel<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     Path(r): Path<String>,
+    ClientIp(ip): ClientIp,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let id = reservation_from(&r)?;
-    let me = caller(&api, &headers, None)?;
-    let order = api.core.ledger.order(id).await.map_err(store_error)?;
+    let me = limited_caller(&api, &headers, ip)?;
+    let order = (api.core.ledger.order(id).await)
+        .map_err(|e| ApiError::internal("the ledger is unavailable; try again", e))?;
     if order.is_none_or(|o| o.reservation.user != me) {
         return Err(no_order());
     }
@@ -792,7 +885,9 @@ async fn cancel_order<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     api: &Shared<C, B, L, N>,
     id: ReservationId,
 ) -> Result<Json<Value>, ApiError> {
-    match api.core.ledger.cancel(id).await.map_err(store_error)? {
+    let cancelled = (api.core.ledger.cancel(id).await)
+        .map_err(|e| ApiError::internal("the ledger is unavailable; try again", e))?;
+    match cancelled {
         CancelOutcome::Cancelled(r) => {
             // The unit goes back to its own bucket; if Redis is down now, the reconciler gives it
             // back later (a cancelled order not yet released).

@@ -29,6 +29,9 @@ use std::time::Duration;
 /// Runs of a `--stages` run (one, three, one), for a progress bar.
 pub const RUNS: u64 = 5;
 
+/// The `aud` of the JWTs the stages' buyers send (the engine on real stores requires one).
+const AUDIENCE: &str = "seckill";
+
 #[derive(Debug, Clone)]
 pub struct StagesOptions {
     /// Users (clicks) of stages 1 and 2; stage 3 has ten times as many users as units.
@@ -208,7 +211,7 @@ impl Settings {
             target: Target::Purchase,
             jwt_secret: self.jwt_secret.clone(),
             jwt_issuer: None,
-            jwt_audience: None,
+            jwt_audience: Some(AUDIENCE.to_string()),
         };
         let before = cpu_ns(api)?;
         let report = load::run(&cfg, || {}).await?;
@@ -310,6 +313,7 @@ pub async fn run(
                 ("SECKILL_ADMIN_TOKEN".into(), secret("admin")),
                 ("SECKILL_TOKEN_SECRET".into(), secret("token")),
                 ("SECKILL_JWT_SECRET".into(), secret("jwt")),
+                ("SECKILL_JWT_AUDIENCE".into(), AUDIENCE.into()),
                 ("SECKILL_PAYMENT_SECRET".into(), secret("payment")),
             ])
             .collect(),

@@ -298,6 +298,12 @@ pub fn serve(
                     cfg.jwt.is_none(),
                     "jwt_secret or jwt_jwks_file (SECKILL_JWT_SECRET / SECKILL_JWT_JWKS_FILE)",
                 ),
+                // Without it, a JWT the login service issued for another of the shop's services
+                // (signed with the same key) buys here as its user.
+                (
+                    cfg.jwt_audience.is_none(),
+                    "jwt_audience (SECKILL_JWT_AUDIENCE), the `aud` the login service puts in this engine's JWTs",
+                ),
             ] {
                 if missing {
                     return Err(format!("{what}: required with real stores"));
@@ -316,6 +322,13 @@ pub fn serve(
                     cfg.request_timeout.as_millis(),
                     delivery.as_millis()
                 ));
+            }
+        }
+        for warning in cfg.warnings() {
+            if check_config {
+                println!("warning: {warning}");
+            } else {
+                tracing::warn!("{warning}");
             }
         }
         if check_config {
@@ -344,8 +357,7 @@ pub fn serve(
         }
         if settings.is_none() && cfg.jwt.is_none() {
             let path = crate::api::identity::dev_secret_path();
-            let secret = crate::api::identity::dev_secret(&mut rng)
-                .map_err(|e| format!("the development JWT key {}: {e}", path.display()))?;
+            let secret = crate::api::identity::dev_secret(&mut rng)?;
             eprintln!(
                 "no jwt_secret: user JWTs are checked with the development key in {} \
                  (mint one with `seckill jwt --user N`; never in production)",

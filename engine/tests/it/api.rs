@@ -94,6 +94,10 @@ async fn call(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
+    // A body is JSON, as every client sends it, unless the test says otherwise.
+    if body.is_some() && !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        req = req.header("content-type", "application/json");
+    }
     let req = req
         .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
         .unwrap();
@@ -352,9 +356,19 @@ async fn rate_limits_answer_429_with_retry_after() {
     );
 }
 
-/// A request from the socket address `peer` (what `ConnectInfo` gives a served request).
+/// A POST from the socket address `peer` (what `ConnectInfo` gives a served request).
 async fn from_peer(h: &Harness, peer: &str, uri: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
-    let mut req = Request::builder().method("POST").uri(uri);
+    request_from_peer(h, "POST", peer, uri, headers).await
+}
+
+async fn request_from_peer(
+    h: &Harness,
+    method: &str,
+    peer: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -418,6 +432,98 @@ async fn the_per_ip_limit_believes_only_trusted_proxies() {
         (s, body["error"]["field"].as_str()),
         (StatusCode::BAD_REQUEST, Some("x-forwarded-for"))
     );
+}
+
+/// Every buyer's route is limited (DESIGN §12), not only the purchase funnel: per client address
+/// before anything else, and the routes that read the ledger per user as well, so a loop of
+/// order polls or cancels is refused before it reaches the ledger's connection pool.
+#[tokio::test]
+async fn every_buyer_route_is_limited_before_it_reads_a_store() {
+    let h = harness_with(|c| {
+        c.rate.per_ip_per_sec = 1;
+        c.rate.per_user_per_sec = 1;
+    });
+    h.open(1, 100).await;
+    let seven = h.jwt(7);
+    let as7 = [("authorization", seven.as_str())];
+    let cancel = format!("/api/v1/orders/{}/cancel", "ab".repeat(16));
+    let routes = [
+        ("GET", "/api/v1/activities/1", StatusCode::OK),
+        ("GET", "/api/v1/activities/1/orders/7", StatusCode::OK),
+        ("POST", cancel.as_str(), StatusCode::NOT_FOUND),
+        ("POST", "/api/v1/payments/callback", StatusCode::UNAUTHORIZED),
+    ];
+    for (i, (method, uri, first)) in routes.into_iter().enumerate() {
+        // A user of their own per route: only the address's limit is under test here.
+        let me = h.jwt(20 + i as u64);
+        let me = [("authorization", me.as_str())];
+        let peer = format!("192.0.2.{}:5000", 10 + i);
+        let (s, _) = request_from_peer(&h, method, &peer, &uri.replace("/7", &format!("/{}", 20 + i)), &me).await;
+        assert_eq!(s, first, "{method} {uri}");
+        let (s, body) = request_from_peer(&h, method, &peer, uri, &as7).await;
+        assert_eq!(
+            (s, body["error"]["code"].as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited")),
+            "{method} {uri}: a second request from the same address in the same second"
+        );
+    }
+    // User 7 polls its order from two addresses: the second poll is over the user's limit.
+    let order = "/api/v1/activities/1/orders/7";
+    assert_eq!(request_from_peer(&h, "GET", "192.0.2.50:5000", order, &as7).await.0, StatusCode::OK);
+    let (s, body) = request_from_peer(&h, "GET", "192.0.2.51:5000", order, &as7).await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited"))
+    );
+}
+
+/// A body that is not declared JSON is refused (415, naming the header) before it is decoded,
+/// and moves nothing; an empty body needs no content type.
+#[tokio::test]
+async fn a_body_not_declared_json_is_refused_and_moves_nothing() {
+    let h = harness();
+    h.open(1, 10).await;
+    let before = h.stock_state(1).await;
+    let token = h.token(1, 7).await;
+    let body = json!({ "token": token }).to_string();
+    let me = h.jwt(7);
+    let send = |content_type: Option<&'static str>| {
+        let (me, body) = (me.clone(), body.clone());
+        let app = h.app.clone();
+        async move {
+            let mut req = Request::builder()
+                .method("POST")
+                .uri("/api/v1/activities/1/purchase")
+                .header("authorization", me);
+            if let Some(ct) = content_type {
+                req = req.header("content-type", ct);
+            }
+            let resp = app.oneshot(req.body(Body::from(body)).unwrap()).await.unwrap();
+            let status = resp.status();
+            let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+        }
+    };
+    for ct in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("application/jsonp"),
+    ] {
+        let (s, body) = send(ct).await;
+        assert_eq!(
+            (s, body["error"]["code"].as_str(), body["error"]["field"].as_str()),
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"), Some("content-type")),
+            "content type {ct:?}"
+        );
+    }
+    assert_eq!(h.stock_state(1).await, before, "a refused body moved stock");
+    // The token was not spent by the refusals: declared JSON (a charset allowed), it buys.
+    let (s, _) = send(Some("application/json; charset=utf-8")).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    // An empty body needs no content type (the token route's body is optional).
+    let (s, _, _) = at(&h, "POST", "/api/v1/activities/1/token", None, &[("authorization", &h.jwt(8))]).await;
+    assert_eq!(s, StatusCode::OK);
 }
 
 /// A payment callback signed with `secret` at `t` (unix seconds).

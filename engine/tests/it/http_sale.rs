@@ -259,6 +259,7 @@ async fn slow_clients_are_cut_off_and_do_not_stall_the_rest() {
             header_read_timeout: Duration::from_millis(2_000),
             max_connections: 4,
             shutdown_deadline: Duration::from_millis(1_000),
+            ..ConnLimits::default()
         },
         ..ServeConfig::default()
     };
@@ -310,6 +311,23 @@ async fn slow_clients_are_cut_off_and_do_not_stall_the_rest() {
         closed_within(idle, Duration::from_secs(5)).await,
         "an idle connection was kept"
     );
+
+    // A head past the size bound, or with too many header lines: 431 and closed, whatever the
+    // route (the limits hold before any handler runs).
+    let answer = |request: String| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut raw)).await;
+        String::from_utf8_lossy(&raw).split("\r\n").next().unwrap_or("").to_string()
+    };
+    let big = format!("GET /healthz HTTP/1.1\r\nhost: x\r\ncookie: {}\r\n\r\n", "c".repeat(20 * 1024));
+    assert_eq!(answer(big).await, "HTTP/1.1 431 Request Header Fields Too Large");
+    let many: String = (0..100).map(|i| format!("x-h{i}: {i}\r\n")).collect();
+    let many = format!("GET /healthz HTTP/1.1\r\nhost: x\r\n{many}\r\n");
+    assert_eq!(answer(many).await, "HTTP/1.1 431 Request Header Fields Too Large");
+    let fine = format!("GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncookie: {}\r\n\r\n", "c".repeat(8 * 1024));
+    assert_eq!(answer(fine).await, "HTTP/1.1 200 OK");
 
     // Four slow connections fill the cap: the fifth is closed at once (well before the header
     // timeout would have closed it), and once the slow ones are gone, clients are served again.

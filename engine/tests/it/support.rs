@@ -137,6 +137,11 @@ impl OrderBus for TestBus {
 /// A user's HS256 JWT signed with `secret`, valid for ten minutes of wall time: what the login
 /// service gives a client that talks to a served engine.
 pub fn user_jwt(secret: &str, user: u64) -> String {
+    user_jwt_for(secret, user, None)
+}
+
+/// The same, for the audience `aud` (what a served engine on real stores requires).
+pub fn user_jwt_for(secret: &str, user: u64, aud: Option<&str>) -> String {
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -147,6 +152,6 @@ pub fn user_jwt(secret: &str, user: u64) -> String {
         seckill_engine::domain::UserId(user),
         exp,
         None,
-        None,
+        aud,
     )
 }

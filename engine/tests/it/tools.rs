@@ -318,6 +318,18 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
     }
     roles.sort();
     assert_eq!(roles, ["api", "jobs", "worker"]);
+    // A public listener that believes no proxy is allowed, and said loudly.
+    let mut direct: Vec<(String, String)> = (env.iter())
+        .filter(|(k, _)| k != "SECKILL_TRUSTED_PROXIES" && k != "SECKILL_LISTEN")
+        .cloned()
+        .collect();
+    direct.push(("SECKILL_LISTEN".into(), "0.0.0.0:8080".into()));
+    let (code, out, err) = check(&["serve".into()], &direct);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("warning: listen 0.0.0.0:8080 is off loopback and trusted_proxies is empty"),
+        "{out}"
+    );
 
     let (code, _, err) = check(&["serve".into()], &example);
     assert_eq!(code, Some(2), "the example's placeholders must be refused: {err}");

@@ -24,13 +24,15 @@ use std::time::{Duration, Instant};
 const ADMIN: &str = "admin-token-processes-0123456789";
 const SECRET: &str = "processes-token-secret-0123456789abcdef";
 const JWT_SECRET: &str = "processes-jwt-secret-0123456789abcdef";
+/// The `aud` the engine on real stores requires of a JWT.
+const AUDIENCE: &str = "seckill";
 /// The producer's delivery timeout (`KafkaConfig::new`): a publish not acknowledged by then has
 /// an unknown outcome.
 const DELIVERY_TIMEOUT_MS: u128 = 3_000;
 
 /// A user's JWT, as the login service would issue it.
 fn jwt(user: u64) -> String {
-    crate::support::user_jwt(JWT_SECRET, user)
+    crate::support::user_jwt_for(JWT_SECRET, user, Some(AUDIENCE))
 }
 
 /// One HTTP/1.1 request with a deadline, as `bearer` (a user's JWT, or the admin token);
@@ -232,6 +234,7 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
         ("SECKILL_TOKEN_SECRET".into(), SECRET.into()),
         ("SECKILL_ADMIN_TOKEN".into(), ADMIN.into()),
         ("SECKILL_JWT_SECRET".into(), JWT_SECRET.into()),
+        ("SECKILL_JWT_AUDIENCE".into(), AUDIENCE.into()),
     ];
     let proc = |name: String, roles| Proc {
         name,
