@@ -165,11 +165,12 @@ fn check_database_url(db: &str) -> Result<(), SettingError> {
 }
 
 /// The settings that hold a secret, each with the variable that names a file holding it instead.
-pub const SECRET_FILES: [(&str, &str); 7] = [
+pub const SECRET_FILES: [(&str, &str); 8] = [
     ("SECKILL_ADMIN_TOKEN", "SECKILL_ADMIN_TOKEN_FILE"),
     ("SECKILL_TOKEN_SECRET", "SECKILL_TOKEN_SECRET_FILE"),
     ("SECKILL_JWT_SECRET", "SECKILL_JWT_SECRET_FILE"),
     ("SECKILL_PAYMENT_SECRET", "SECKILL_PAYMENT_SECRET_FILE"),
+    ("SECKILL_PAYMENT_SECRET_PREVIOUS", "SECKILL_PAYMENT_SECRET_PREVIOUS_FILE"),
     ("SECKILL_KAFKA_SASL_PASSWORD", "SECKILL_KAFKA_SASL_PASSWORD_FILE"),
     ("REDIS_URL", "REDIS_URL_FILE"),
     ("DATABASE_URL", "DATABASE_URL_FILE"),

@@ -45,6 +45,9 @@ pub struct ServeConfig {
     pub jwt_audience: Option<String>,
     /// HMAC key of the payment provider's callbacks; `None`: callbacks are refused (503).
     pub payment_secret: Option<Secret>,
+    /// During a rotation of the provider's key: the key being retired, still believed beside
+    /// `payment_secret` until every callback signed with it has arrived.
+    pub payment_secret_previous: Option<Secret>,
     pub rate: RateLimits,
     /// The roles this process runs (DESIGN §11.1); all three by default.
     pub roles: crate::roles::Roles,
@@ -70,6 +73,7 @@ impl Default for ServeConfig {
             jwt_issuer: None,
             jwt_audience: None,
             payment_secret: None,
+            payment_secret_previous: None,
             rate: RateLimits {
                 global_per_sec: 200_000,
                 per_user_per_sec: 5,
@@ -126,6 +130,7 @@ struct FileConfig {
     jwt_issuer: Option<String>,
     jwt_audience: Option<String>,
     payment_secret: Option<String>,
+    payment_secret_previous: Option<String>,
     roles: Option<String>,
     header_read_timeout_ms: Option<u64>,
     max_connections: Option<u64>,
@@ -344,6 +349,18 @@ impl ServeConfig {
         let jwt_issuer = claim("jwt_issuer", "SECKILL_JWT_ISSUER", f.jwt_issuer)?;
         let jwt_audience = claim("jwt_audience", "SECKILL_JWT_AUDIENCE", f.jwt_audience)?;
         let payment_secret = secret("payment_secret", "SECKILL_PAYMENT_SECRET", f.payment_secret, 16)?;
+        let payment_secret_previous = secret(
+            "payment_secret_previous",
+            "SECKILL_PAYMENT_SECRET_PREVIOUS",
+            f.payment_secret_previous,
+            16,
+        )?;
+        if payment_secret_previous.is_some() && payment_secret.is_none() {
+            return Err(bad(
+                "payment_secret_previous",
+                "set without payment_secret: it is believed beside the current key, not instead",
+            ));
+        }
         let trusted_proxies = {
             let (name, list) = match (env("SECKILL_TRUSTED_PROXIES"), f.trusted_proxies) {
                 (Some(v), _) => (
@@ -440,6 +457,7 @@ impl ServeConfig {
             jwt_issuer,
             jwt_audience,
             payment_secret,
+            payment_secret_previous,
             rate: RateLimits {
                 global_per_sec: num(
                     Setting {
@@ -711,6 +729,22 @@ mod tests {
         let e = load("lisen = \"127.0.0.1:1\"", &[]).unwrap_err();
         assert!(e.reason.contains("lisen"), "{e}");
         assert_eq!(key("body_limit_bytes = \"big\"", &[]), "body_limit_bytes");
+    }
+
+    #[test]
+    fn a_previous_payment_key_needs_a_current_one() {
+        let c = load(
+            "payment_secret = \"pay-new-5t4r-0123456789\"\npayment_secret_previous = \"pay-old-9k8j-0123456789\"",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.payment_secret_previous.as_deref(), Some("pay-old-9k8j-0123456789"));
+        assert!(!format!("{c:?}").contains("pay-old"), "the old key is a secret too");
+        let e = load("payment_secret_previous = \"pay-old-9k8j-0123456789\"", &[]).unwrap_err();
+        assert_eq!(e.key, "payment_secret_previous");
+        let e = load("", &[("SECKILL_PAYMENT_SECRET", "pay-new-5t4r-0123456789"), ("SECKILL_PAYMENT_SECRET_PREVIOUS", "short")])
+            .unwrap_err();
+        assert_eq!(e.key, "SECKILL_PAYMENT_SECRET_PREVIOUS");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! provider signs each callback: header `X-Seckill-Signature: t=<unix seconds>,v1=<hex of
 //! HMAC-SHA256(secret, "<t>.<body>")>`; a signature older or newer than `WINDOW_S` is refused, so
 //! a captured callback cannot be replayed later (and a replay inside the window is idempotent by
-//! payment id).
+//! payment id). A key is rotated without refusing a callback: during the rotation the engine
+//! believes the old key beside the new one (`payment_secret_previous`), and a provider may send
+//! one `v1=` per key it signs with (the first that matches a believed key is enough).
 
 use super::body::{field_error, FieldError};
 use crate::domain::ReservationId;
@@ -22,17 +24,26 @@ pub const SIGNATURE_HEADER: &str = "x-seckill-signature";
 pub struct SignatureError(pub String);
 
 pub struct CallbackVerifier {
-    key: Vec<u8>,
+    /// The current key first (the one `sign` uses), then the one being retired, if any.
+    keys: Vec<Vec<u8>>,
 }
 
 impl CallbackVerifier {
     pub fn new(secret: &[u8]) -> Self {
-        CallbackVerifier { key: secret.to_vec() }
+        CallbackVerifier {
+            keys: vec![secret.to_vec()],
+        }
     }
 
-    fn mac(&self, t: &str, body: &[u8]) -> HmacSha256 {
+    /// Also believe `previous` (a key being rotated out).
+    pub fn with_previous(mut self, previous: Option<&[u8]>) -> Self {
+        self.keys.extend(previous.map(<[u8]>::to_vec));
+        self
+    }
+
+    fn mac(key: &[u8], t: &str, body: &[u8]) -> HmacSha256 {
         let mut mac =
-            <HmacSha256 as KeyInit>::new_from_slice(&self.key).expect("HMAC takes keys of any length");
+            <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
         mac.update(t.as_bytes());
         mac.update(b".");
         mac.update(body);
@@ -42,7 +53,7 @@ impl CallbackVerifier {
     /// The header value a provider sends for `body` at `t` (tests, `seckill` tools).
     pub fn sign(&self, t_unix_s: u64, body: &[u8]) -> String {
         let t = t_unix_s.to_string();
-        let tag = self.mac(&t, body).finalize().into_bytes();
+        let tag = Self::mac(&self.keys[0], &t, body).finalize().into_bytes();
         let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
         format!("t={t},v1={hex}")
     }
@@ -51,17 +62,25 @@ impl CallbackVerifier {
     pub fn verify(&self, header: Option<&[u8]>, body: &[u8], now_ms: u64) -> Result<(), SignatureError> {
         let header = header.ok_or_else(|| SignatureError("missing: the callback must be signed".into()))?;
         let header = std::str::from_utf8(header).map_err(|_| SignatureError("not text".into()))?;
-        let (mut t, mut v1) = (None, None);
+        // A bound on the signatures tried: each costs an HMAC of the body.
+        const MAX_SIGNATURES: usize = 4;
+        let (mut t, mut v1) = (None, Vec::new());
         for part in header.split(',') {
             match part.trim().split_once('=') {
                 Some(("t", v)) => t = Some(v),
-                Some(("v1", v)) => v1 = Some(v),
+                Some(("v1", v)) => v1.push(v),
                 _ => {} // other schemes may follow (a provider rotating its scheme)
             }
         }
-        let (Some(t), Some(v1)) = (t, v1) else {
+        let Some(t) = t.filter(|_| !v1.is_empty()) else {
             return Err(SignatureError("must be \"t=<unix seconds>,v1=<hex>\"".into()));
         };
+        if v1.len() > MAX_SIGNATURES {
+            return Err(SignatureError(format!(
+                "{} v1 signatures: at most {MAX_SIGNATURES} are read",
+                v1.len()
+            )));
+        }
         let ts: u64 = t
             .parse()
             .map_err(|_| SignatureError(format!("t={t:?} is not a unix time in seconds")))?;
@@ -71,10 +90,20 @@ impl CallbackVerifier {
                 "t={ts} is more than {WINDOW_S} s from now ({now_s}): too old to be believed"
             )));
         }
-        let tag = decode_hex(v1).ok_or_else(|| SignatureError("v1 is not hex".into()))?;
-        self.mac(t, body)
-            .verify_slice(&tag)
-            .map_err(|_| SignatureError("the signature does not match the body".into()))
+        let tags = (v1.iter())
+            .map(|v| decode_hex(v))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| SignatureError("v1 is not hex".into()))?;
+        // Every (key, signature) pair is tried, constant-time each: which key matched is not
+        // told by the time taken.
+        let matched = (self.keys.iter())
+            .flat_map(|key| tags.iter().map(move |tag| Self::mac(key, t, body).verify_slice(tag).is_ok()))
+            .fold(false, |any, ok| any | ok);
+        if matched {
+            Ok(())
+        } else {
+            Err(SignatureError("the signature does not match the body".into()))
+        }
     }
 }
 
@@ -170,6 +199,30 @@ mod tests {
             assert!(v.verify(Some(bad), body, NOW_MS).is_err(), "{bad:?}");
         }
         assert!(v.verify(None, body, NOW_MS).is_err());
+    }
+
+    #[test]
+    fn a_rotated_key_is_believed_beside_the_new_one_until_it_is_dropped() {
+        let body = br#"{"payment_id":"p1","reservation_id":"00000000000000000000000000000001"}"#;
+        let (old, new) = (&b"provider-old-key-0123"[..], &b"provider-new-key-4567"[..]);
+        let t = NOW_MS / 1_000;
+        let by_old = CallbackVerifier::new(old).sign(t, body);
+        let by_new = CallbackVerifier::new(new).sign(t, body);
+        let rotating = CallbackVerifier::new(new).with_previous(Some(old));
+        assert_eq!(rotating.verify(Some(by_old.as_bytes()), body, NOW_MS), Ok(()));
+        assert_eq!(rotating.verify(Some(by_new.as_bytes()), body, NOW_MS), Ok(()));
+        // A provider that signs with both keys at once: one matching v1 is enough, in any order.
+        let v1 = |sig: &str| sig.split_once(",v1=").unwrap().1.to_string();
+        let forged = CallbackVerifier::new(b"somebody-else-0123").sign(t, body);
+        let both = format!("t={t},v1={},v1={}", v1(&forged), v1(&by_new));
+        assert_eq!(rotating.verify(Some(both.as_bytes()), body, NOW_MS), Ok(()));
+        // Once the rotation is over, the old key is not believed any more.
+        let rotated = CallbackVerifier::new(new).with_previous(None);
+        assert!(rotated.verify(Some(by_old.as_bytes()), body, NOW_MS).is_err());
+        assert!(rotated.verify(Some(forged.as_bytes()), body, NOW_MS).is_err());
+        let many = format!("t={t}{}", ",v1=00".repeat(5));
+        let e = rotating.verify(Some(many.as_bytes()), body, NOW_MS).unwrap_err();
+        assert!(e.0.contains("at most 4"), "{e}");
     }
 
     #[test]

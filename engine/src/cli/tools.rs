@@ -215,6 +215,10 @@ fn refuse_placeholders(cfg: &crate::api::config::ServeConfig, s: &RealSettings) 
             "payment_secret (SECKILL_PAYMENT_SECRET)",
             cfg.payment_secret.as_deref(),
         ),
+        (
+            "payment_secret_previous (SECKILL_PAYMENT_SECRET_PREVIOUS)",
+            cfg.payment_secret_previous.as_deref(),
+        ),
         ("DATABASE_URL's password", db.as_deref()),
     ];
     secrets.extend(redis.iter().map(|p| ("REDIS_URL's password", p.as_deref())));
