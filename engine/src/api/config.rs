@@ -43,6 +43,8 @@ pub struct ServeConfig {
     pub jwt: Option<JwtKeys>,
     pub jwt_issuer: Option<String>,
     pub jwt_audience: Option<String>,
+    /// How often the JWKS file is read again for new keys (`jwt_jwks_file` only).
+    pub jwt_jwks_reload: Duration,
     /// HMAC key of the payment provider's callbacks; `None`: callbacks are refused (503).
     pub payment_secret: Option<Secret>,
     /// During a rotation of the provider's key: the key being retired, still believed beside
@@ -72,6 +74,7 @@ impl Default for ServeConfig {
             jwt: None,
             jwt_issuer: None,
             jwt_audience: None,
+            jwt_jwks_reload: Duration::from_secs(10),
             payment_secret: None,
             payment_secret_previous: None,
             rate: RateLimits {
@@ -129,6 +132,7 @@ struct FileConfig {
     jwt_jwks_file: Option<String>,
     jwt_issuer: Option<String>,
     jwt_audience: Option<String>,
+    jwt_jwks_reload_ms: Option<u64>,
     payment_secret: Option<String>,
     payment_secret_previous: Option<String>,
     roles: Option<String>,
@@ -456,6 +460,15 @@ impl ServeConfig {
             jwt,
             jwt_issuer,
             jwt_audience,
+            jwt_jwks_reload: Duration::from_millis(num(
+                Setting {
+                    key: "jwt_jwks_reload_ms",
+                    var: "SECKILL_JWT_JWKS_RELOAD_MS",
+                    file: f.jwt_jwks_reload_ms,
+                },
+                100..=3_600_000,
+                d.jwt_jwks_reload.as_millis() as u64,
+            )?),
             payment_secret,
             payment_secret_previous,
             rate: RateLimits {

@@ -1,7 +1,8 @@
 //! Who is calling (DESIGN §12): a bearer JWT on every user route, verified with `jsonwebtoken`.
 //! `sub` is the decimal user id, `exp` is required, `iss` / `aud` are checked when configured.
 //! Keys: an HS256 secret, or the public keys of a JWKS file (RS256 / ES256 / EdDSA …), picked by
-//! the token's `kid`.
+//! the token's `kid`. A JWKS is reloaded while serving (`reload_jwks`): a login service that
+//! rotates its keys publishes the new one beside the old, and no pod needs a restart.
 //!
 //! Expiry is checked here against the engine's clock (`tokio::time` through `Clock`), not by the
 //! crate (which reads the system clock), so that paused-time tests and the wall clock agree.
@@ -44,7 +45,9 @@ enum Keys {
 }
 
 pub struct Identity {
-    keys: Keys,
+    /// Swapped whole by a reload; a std lock, held only to clone the `Arc` (no await inside), so
+    /// a request verifies against one consistent key set.
+    keys: std::sync::RwLock<std::sync::Arc<Keys>>,
     issuer: Option<String>,
     audience: Option<String>,
 }
@@ -96,7 +99,7 @@ impl Identity {
             return Err(format!("must be at least {MIN_SECRET_LEN} bytes"));
         }
         Ok(Identity {
-            keys: Keys::Secret(DecodingKey::from_secret(secret)),
+            keys: std::sync::RwLock::new(std::sync::Arc::new(Keys::Secret(DecodingKey::from_secret(secret)))),
             issuer,
             audience,
         })
@@ -105,6 +108,28 @@ impl Identity {
     /// From the text of a JWKS file: every key needs an `alg` (a key is not used for an
     /// algorithm it was not published for); `kid` picks the key when there are several.
     pub fn jwks(text: &str, issuer: Option<String>, audience: Option<String>) -> Result<Identity, String> {
+        Ok(Identity {
+            keys: std::sync::RwLock::new(std::sync::Arc::new(Keys::Set(Self::key_set(text)?))),
+            issuer,
+            audience,
+        })
+    }
+
+    /// Verify with the keys of `text` (a JWKS document) from now on; the number of keys. A
+    /// document that does not load changes nothing (the keys in use stay): a half-written file
+    /// or a bad key must not lock every buyer out.
+    pub fn reload_jwks(&self, text: &str) -> Result<usize, String> {
+        if matches!(**self.keys.read().unwrap_or_else(|p| p.into_inner()), Keys::Secret(_)) {
+            return Err("this identity verifies with a shared secret, not a JWKS".into());
+        }
+        let set = Self::key_set(text)?;
+        let n = set.len();
+        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = std::sync::Arc::new(Keys::Set(set));
+        Ok(n)
+    }
+
+    /// (kid, algorithm, key) of each key of a JWKS document.
+    fn key_set(text: &str) -> Result<Vec<(Option<String>, Algorithm, DecodingKey)>, String> {
         let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWKS document: {e}"))?;
         if set.keys.is_empty() {
             return Err("the key set is empty".into());
@@ -126,11 +151,7 @@ impl Identity {
             let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {name}: {e}"))?;
             keys.push((jwk.common.key_id.clone(), alg, key));
         }
-        Ok(Identity {
-            keys: Keys::Set(keys),
-            issuer,
-            audience,
-        })
+        Ok(keys)
     }
 
     /// The caller named by an `Authorization: Bearer <JWT>` header value.
@@ -148,7 +169,8 @@ impl Identity {
             .filter(|t| !t.is_empty())
             .ok_or_else(|| invalid("the Authorization header is not \"Bearer <JWT>\""))?;
         let header = jsonwebtoken::decode_header(token).map_err(|e| invalid(format!("not a JWT: {e}")))?;
-        let (alg, key) = match &self.keys {
+        let keys = self.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let (alg, key) = match &*keys {
             Keys::Secret(key) => (Algorithm::HS256, key),
             Keys::Set(keys) => {
                 let found = match &header.kid {
@@ -432,6 +454,28 @@ mod tests {
         assert!(Identity::jwks(r#"{"keys":[]}"#, None, None).is_err());
         let no_alg = Identity::jwks(r#"{"keys":[{"kty":"oct","k":"AA"}]}"#, None, None);
         assert!(no_alg.err().unwrap().contains("alg"));
+    }
+
+    #[test]
+    fn a_reloaded_key_set_replaces_the_old_one_and_a_bad_one_changes_nothing() {
+        let set = |secret: &[u8]| {
+            let k = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, secret);
+            format!(r#"{{"keys":[{{"kty":"oct","alg":"HS256","kid":"k","k":"{k}"}}]}}"#)
+        };
+        let (old, new) = (SECRET, b"fedcba9876543210fedcba9876543210");
+        let id = Identity::jwks(&set(old), None, None).unwrap();
+        let by = |secret: &[u8]| bearer(&mint(secret, UserId(5), NOW_MS / 1_000 + 60, None, None));
+        assert!(id.verify(Some(&by(old)), NOW_MS).is_ok());
+        assert!(id.verify(Some(&by(new)), NOW_MS).is_err());
+        assert_eq!(id.reload_jwks(&set(new)), Ok(1));
+        assert_eq!(id.verify(Some(&by(new)), NOW_MS), Ok(Caller(UserId(5))));
+        assert!(id.verify(Some(&by(old)), NOW_MS).is_err(), "the old key is gone");
+        for bad in ["", "{\"keys\": [", r#"{"keys":[]}"#] {
+            assert!(id.reload_jwks(bad).is_err(), "{bad:?}");
+            assert!(id.verify(Some(&by(new)), NOW_MS).is_ok(), "a bad document changed the keys");
+        }
+        let hs = Identity::hs256(SECRET, None, None).unwrap();
+        assert!(hs.reload_jwks(&set(new)).is_err(), "a shared secret is not a key set");
     }
 
     /// Public moduli of test-only RSA keys (`openssl genrsa`), base64url.

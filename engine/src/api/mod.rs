@@ -37,6 +37,14 @@ use token::TokenSigner;
 
 pub use routes::{admin_router, probe_readiness, router, ADMIN_ROUTES, ROUTES};
 
+/// A JWKS file being watched: its path, how often it is read, and the text last loaded (a std
+/// Mutex: only the reloader touches it, never across an await).
+pub struct JwksFile {
+    pub path: String,
+    pub every: std::time::Duration,
+    pub loaded: Mutex<String>,
+}
+
 /// What `/readyz` answers: the last probe's verdict (not ready until the first probe).
 #[derive(Debug, Clone)]
 pub struct Readiness {
@@ -64,6 +72,8 @@ pub struct Api<C, B, L, N> {
     pub signer: TokenSigner,
     /// Who the caller is (a bearer JWT on every user route).
     pub identity: identity::Identity,
+    /// The JWKS file the identity's keys came from, read again every so often.
+    pub jwks_file: Option<JwksFile>,
     /// The payment provider's callback signatures; `None`: not configured (503).
     pub payments: Option<payment::CallbackVerifier>,
     pub limits: Limits,

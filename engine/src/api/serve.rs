@@ -87,6 +87,7 @@ fn export_at_zero(roles: crate::roles::Roles) {
     super::routes::export_at_zero();
     metrics::counter!("seckill_http_connections_refused_total").increment(0);
     metrics::counter!("seckill_refresh_errors_total").increment(0);
+    metrics::counter!("seckill_jwks_reload_failures_total").increment(0);
     if roles.worker {
         crate::service::consumer::BatchReport::default().record();
         metrics::counter!("seckill_consumer_batch_failures_total").increment(0);
@@ -203,6 +204,14 @@ pub fn api<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         nonces: stores.nonces,
         signer,
         identity,
+        jwks_file: match &secrets.jwt {
+            super::config::JwtKeys::Jwks { path, text } => Some(super::JwksFile {
+                path: path.clone(),
+                every: cfg.jwt_jwks_reload,
+                loaded: Mutex::new(text.clone()),
+            }),
+            super::config::JwtKeys::Secret(_) => None,
+        },
         payments: cfg
             .payment_secret
             .as_ref()
@@ -222,6 +231,35 @@ pub fn api<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         conn_limits: cfg.conn_limits,
         readiness: Default::default(),
     }))
+}
+
+/// Read the JWKS file again; load it if it changed. A file that cannot be read or does not load
+/// leaves the keys in use (and is tried again next time), counted and logged: a rotation that
+/// went wrong must not lock every buyer out. Read with std::fs: a small local file.
+fn reload_jwks<C, B, L, N>(api: &Shared<C, B, L, N>) {
+    let Some(file) = &api.jwks_file else { return };
+    let text = match std::fs::read_to_string(&file.path) {
+        Ok(t) => t,
+        Err(e) => {
+            metrics::counter!("seckill_jwks_reload_failures_total").increment(1);
+            tracing::warn!(path = %file.path, error = %e, "the JWKS file cannot be read; the keys loaded before stay");
+            return;
+        }
+    };
+    let mut loaded = file.loaded.lock().unwrap_or_else(|p| p.into_inner());
+    if *loaded == text {
+        return;
+    }
+    match api.identity.reload_jwks(&text) {
+        Ok(keys) => {
+            tracing::info!(path = %file.path, keys, "JWKS reloaded");
+            *loaded = text;
+        }
+        Err(e) => {
+            metrics::counter!("seckill_jwks_reload_failures_total").increment(1);
+            tracing::warn!(path = %file.path, error = %e, "the JWKS file does not load; the keys loaded before stay");
+        }
+    }
 }
 
 /// A running server: its address, and how to stop it.
@@ -311,6 +349,16 @@ pub async fn start<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             Box::new(move || {
                 let a = a.clone();
                 Box::pin(async move { super::probe_readiness(&a).await })
+            }),
+        ));
+    }
+    if let Some(file) = &api.jwks_file {
+        let a = api.clone();
+        background.push(every(
+            file.every,
+            Box::new(move || {
+                reload_jwks(&a);
+                Box::pin(async {})
             }),
         ));
     }

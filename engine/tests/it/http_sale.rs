@@ -243,6 +243,24 @@ fn serve_refuses_a_bad_setting_by_name() {
     );
 }
 
+/// `cfg` served on the embedded stores on two loopback ports of their own.
+async fn serve_embedded(cfg: &ServeConfig, seed: u64) -> serve::Running {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let secrets = Secrets::resolve(cfg, &mut rng);
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    let api = serve::api(
+        cfg,
+        Stores::embedded(),
+        &secrets,
+        Clock::new(now_ms, tokio::time::Instant::now()),
+        &mut rng,
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve::start(api, listener, admin, &mut rng).await.unwrap()
+}
+
 /// Slow clients (DESIGN §12): a connection that sends half a header is closed after the
 /// header-read timeout, an idle keep-alive connection too, while a normal client keeps being
 /// served; connections beyond the cap are closed at once without stalling the rest; and a stop
@@ -263,20 +281,7 @@ async fn slow_clients_are_cut_off_and_do_not_stall_the_rest() {
         },
         ..ServeConfig::default()
     };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    let secrets = Secrets::resolve(&cfg, &mut rng);
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
-    let api = serve::api(
-        &cfg,
-        Stores::embedded(),
-        &secrets,
-        Clock::new(now_ms, tokio::time::Instant::now()),
-        &mut rng,
-    )
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = serve::start(api, listener, admin, &mut rng).await.unwrap();
+    let running = serve_embedded(&cfg, 5).await;
     let addr = running.addr;
     let half = |addr: SocketAddr| async move {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -364,4 +369,55 @@ async fn slow_clients_are_cut_off_and_do_not_stall_the_rest() {
         stopping.elapsed()
     );
     drop(stuck);
+}
+
+/// The login service rotates its keys (DESIGN §12): the engine reads its JWKS file again while
+/// it serves, so a JWT signed with the new key is believed without a restart; a file that does
+/// not load (half written, a bad key) leaves the keys in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_jwks_file_is_picked_up_without_a_restart() {
+    use seckill_engine::api::config::JwtKeys;
+    let key_set = |secret: &[u8]| {
+        let k = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, secret);
+        format!(r#"{{"keys":[{{"kty":"oct","alg":"HS256","kid":"k","k":"{k}"}}]}}"#)
+    };
+    let (old, new) = (b"old-login-key-0123456789abcdefghij", b"new-login-key-9876543210zyxwvutsrq");
+    let path = std::env::temp_dir().join(format!("seckill-jwks-{}.json", std::process::id()));
+    std::fs::write(&path, key_set(old)).unwrap();
+    let cfg = ServeConfig {
+        admin_token: Some(ADMIN.into()),
+        token_secret: Some("k".repeat(32).into()),
+        jwt: Some(JwtKeys::Jwks {
+            path: path.display().to_string(),
+            text: key_set(old),
+        }),
+        jwt_jwks_reload: Duration::from_millis(100),
+        ..ServeConfig::default()
+    };
+    let running = serve_embedded(&cfg, 6).await;
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    let addr = running.addr;
+    let by = |secret: &[u8]| {
+        seckill_engine::api::identity::mint(
+            secret,
+            seckill_engine::domain::UserId(7),
+            now_ms / 1_000 + 600,
+            None,
+            None,
+        )
+    };
+    // No activity 1: a believed identity is answered 404, a refused one 401.
+    let status = |jwt: String| async move { http(addr, "GET", "/api/v1/activities/1/orders/7", None, &jwt).await.0 };
+    let settle = || tokio::time::sleep(Duration::from_millis(600));
+    assert_eq!(status(by(old)).await, 404);
+    assert_eq!(status(by(new)).await, 401);
+    std::fs::write(&path, key_set(new)).unwrap();
+    settle().await;
+    assert_eq!(status(by(new)).await, 404, "the new key was not picked up");
+    assert_eq!(status(by(old)).await, 401, "the old key is still believed");
+    std::fs::write(&path, "{\"keys\": [").unwrap();
+    settle().await;
+    assert_eq!(status(by(new)).await, 404, "a file that does not load changed the keys");
+    running.shutdown().await.unwrap();
+    let _ = std::fs::remove_file(&path);
 }
