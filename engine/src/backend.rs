@@ -164,6 +164,42 @@ fn check_database_url(db: &str) -> Result<(), SettingError> {
     Ok(())
 }
 
+/// The variable that lets `serve` use a ledger connection that does not verify its server
+/// (`ledger_tls_unverified`): `1` accepts it, logged at start; unset or `0` refuses it.
+pub const ALLOW_UNVERIFIED_LEDGER: &str = "SECKILL_MYSQL_ALLOW_UNVERIFIED";
+
+/// Why the ledger's connection would not verify the server it talks to (DESIGN §12), or `None`
+/// when it does: `ssl-mode=verify_ca` or `verify_identity` in `DATABASE_URL`, or a loopback
+/// host (a MariaDB on the same machine, or a local TLS proxy: nobody is on the path). Without a
+/// mode sqlx uses PREFERRED — no certificate or host check, and plaintext if the server offers
+/// no TLS; `required` encrypts but never checks who answers. Either way anyone on the path could
+/// read and rewrite the ledger (an order set to paid).
+pub fn ledger_tls_unverified(db: &str) -> Option<String> {
+    let url = url::Url::parse(db).ok()?;
+    let loopback = match url.host() {
+        // A mysql:// URL's host is opaque to `url` (not a special scheme): an IPv4 address
+        // comes as a domain.
+        Some(url::Host::Domain(d)) => {
+            d.eq_ignore_ascii_case("localhost")
+                || d.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        }
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => true, // a Unix socket
+    };
+    if loopback {
+        return None;
+    }
+    let mode = (url.query_pairs())
+        .find(|(k, _)| k == "ssl-mode")
+        .map(|(_, v)| v.to_ascii_lowercase());
+    match mode.as_deref() {
+        Some("verify_ca" | "verify_identity") => None,
+        Some(other) => Some(format!("ssl-mode={other} does not verify the server's certificate")),
+        None => Some("no ssl-mode: sqlx's default (preferred) verifies no certificate and may fall back to plaintext".into()),
+    }
+}
+
 /// The settings that hold a secret, each with the variable that names a file holding it instead.
 pub const SECRET_FILES: [(&str, &str); 8] = [
     ("SECKILL_ADMIN_TOKEN", "SECKILL_ADMIN_TOKEN_FILE"),
@@ -351,6 +387,23 @@ mod tests {
     fn settings(vars: &[(&str, &str)]) -> Result<Option<RealSettings>, SettingError> {
         let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         RealSettings::from_lookup(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn a_ledger_connection_that_does_not_verify_its_server_is_named() {
+        for verified in [
+            "mysql://u:p@db.internal:3306/s?ssl-mode=verify_identity",
+            "mysql://u:p@db.internal/s?ssl-mode=VERIFY_CA&ssl-ca=/x.pem",
+            "mysql://u:p@127.0.0.1:3306/s",
+            "mysql://u:p@localhost/s",
+            "mysql://u:p@[::1]:3306/s?ssl-mode=disabled",
+        ] {
+            assert_eq!(ledger_tls_unverified(verified), None, "{verified}");
+        }
+        let why = |u: &str| ledger_tls_unverified(u).unwrap_or_default();
+        assert!(why("mysql://u:p@db.internal:3306/s").contains("no ssl-mode"));
+        assert!(why("mysql://u:p@10.0.0.5/s?ssl-mode=required").contains("ssl-mode=required"));
+        assert!(why("mysql://u:p@db/s?ssl-mode=preferred").contains("ssl-mode=preferred"));
     }
 
     #[test]

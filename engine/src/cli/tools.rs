@@ -292,6 +292,8 @@ pub fn serve(
         let settings = RealSettings::from_lookup(|k| env(k).filter(|v| !v.trim().is_empty()))
             .map_err(|e| e.to_string())?;
         let mut rng = rand::rngs::StdRng::from_entropy();
+        // What is allowed but said loudly: printed by --check-config, logged at warn at start.
+        let mut warnings = Vec::new();
         if settings.is_some() {
             // Many processes share one sale: each must verify what another issued, and no
             // process may invent its own keys.
@@ -315,6 +317,24 @@ pub fn serve(
             }
             if let Some(s) = &settings {
                 refuse_placeholders(&cfg, s)?;
+                if let Some(why) = crate::backend::ledger_tls_unverified(&s.mysql.url) {
+                    let var = crate::backend::ALLOW_UNVERIFIED_LEDGER;
+                    match env(var).as_deref().map(str::trim) {
+                        Some("1") => warnings.push(format!(
+                            "DATABASE_URL: {why}; accepted because {var}=1: whoever is on the path to \
+                             the ledger can read and rewrite it"
+                        )),
+                        None | Some("0") => {
+                            return Err(format!(
+                                "DATABASE_URL: {why}: anyone on the path could read and rewrite the ledger \
+                                 (an order set to paid). Add ssl-mode=verify_identity (and ssl-ca=<the CA's \
+                                 PEM file> unless the system's roots sign the server's certificate), or set \
+                                 {var}=1 to accept an unverified connection (logged at every start)"
+                            ))
+                        }
+                        Some(other) => return Err(format!("{var}: must be 1 or 0, got {other:?}")),
+                    }
+                }
             }
             let delivery = settings
                 .as_ref()
@@ -328,7 +348,8 @@ pub fn serve(
                 ));
             }
         }
-        for warning in cfg.warnings() {
+        warnings.extend(cfg.warnings());
+        for warning in warnings {
             if check_config {
                 println!("warning: {warning}");
             } else {
