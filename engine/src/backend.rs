@@ -195,8 +195,13 @@ pub fn ledger_tls_unverified(db: &str) -> Option<String> {
         .map(|(_, v)| v.to_ascii_lowercase());
     match mode.as_deref() {
         Some("verify_ca" | "verify_identity") => None,
-        Some(other) => Some(format!("ssl-mode={other} does not verify the server's certificate")),
-        None => Some("no ssl-mode: sqlx's default (preferred) verifies no certificate and may fall back to plaintext".into()),
+        Some(other) => Some(format!(
+            "ssl-mode={other} does not verify the server's certificate"
+        )),
+        None => Some(
+            "no ssl-mode: sqlx's default (preferred) verifies no certificate and may fall back to plaintext"
+                .into(),
+        ),
     }
 }
 
@@ -206,7 +211,10 @@ pub const SECRET_FILES: [(&str, &str); 8] = [
     ("SECKILL_TOKEN_SECRET", "SECKILL_TOKEN_SECRET_FILE"),
     ("SECKILL_JWT_SECRET", "SECKILL_JWT_SECRET_FILE"),
     ("SECKILL_PAYMENT_SECRET", "SECKILL_PAYMENT_SECRET_FILE"),
-    ("SECKILL_PAYMENT_SECRET_PREVIOUS", "SECKILL_PAYMENT_SECRET_PREVIOUS_FILE"),
+    (
+        "SECKILL_PAYMENT_SECRET_PREVIOUS",
+        "SECKILL_PAYMENT_SECRET_PREVIOUS_FILE",
+    ),
     ("SECKILL_KAFKA_SASL_PASSWORD", "SECKILL_KAFKA_SASL_PASSWORD_FILE"),
     ("REDIS_URL", "REDIS_URL_FILE"),
     ("DATABASE_URL", "DATABASE_URL_FILE"),

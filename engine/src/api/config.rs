@@ -751,12 +751,24 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(c.payment_secret_previous.as_deref(), Some("pay-old-9k8j-0123456789"));
-        assert!(!format!("{c:?}").contains("pay-old"), "the old key is a secret too");
+        assert_eq!(
+            c.payment_secret_previous.as_deref(),
+            Some("pay-old-9k8j-0123456789")
+        );
+        assert!(
+            !format!("{c:?}").contains("pay-old"),
+            "the old key is a secret too"
+        );
         let e = load("payment_secret_previous = \"pay-old-9k8j-0123456789\"", &[]).unwrap_err();
         assert_eq!(e.key, "payment_secret_previous");
-        let e = load("", &[("SECKILL_PAYMENT_SECRET", "pay-new-5t4r-0123456789"), ("SECKILL_PAYMENT_SECRET_PREVIOUS", "short")])
-            .unwrap_err();
+        let e = load(
+            "",
+            &[
+                ("SECKILL_PAYMENT_SECRET", "pay-new-5t4r-0123456789"),
+                ("SECKILL_PAYMENT_SECRET_PREVIOUS", "short"),
+            ],
+        )
+        .unwrap_err();
         assert_eq!(e.key, "SECKILL_PAYMENT_SECRET_PREVIOUS");
     }
 
@@ -766,7 +778,11 @@ mod tests {
         let w = c.warnings();
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("trusted_proxies is empty"), "{w:?}");
-        let c = load("listen = \"0.0.0.0:8080\"\ntrusted_proxies = [\"10.0.0.0/8\"]", &[]).unwrap();
+        let c = load(
+            "listen = \"0.0.0.0:8080\"\ntrusted_proxies = [\"10.0.0.0/8\"]",
+            &[],
+        )
+        .unwrap();
         assert_eq!(c.warnings(), Vec::<String>::new());
         let c = load("listen = \"127.0.0.1:8080\"", &[]).unwrap();
         assert_eq!(c.warnings(), Vec::<String>::new());

@@ -99,7 +99,9 @@ impl Identity {
             return Err(format!("must be at least {MIN_SECRET_LEN} bytes"));
         }
         Ok(Identity {
-            keys: std::sync::RwLock::new(std::sync::Arc::new(Keys::Secret(DecodingKey::from_secret(secret)))),
+            keys: std::sync::RwLock::new(std::sync::Arc::new(Keys::Secret(DecodingKey::from_secret(
+                secret,
+            )))),
             issuer,
             audience,
         })
@@ -119,7 +121,10 @@ impl Identity {
     /// document that does not load changes nothing (the keys in use stay): a half-written file
     /// or a bad key must not lock every buyer out.
     pub fn reload_jwks(&self, text: &str) -> Result<usize, String> {
-        if matches!(**self.keys.read().unwrap_or_else(|p| p.into_inner()), Keys::Secret(_)) {
+        if matches!(
+            **self.keys.read().unwrap_or_else(|p| p.into_inner()),
+            Keys::Secret(_)
+        ) {
             return Err("this identity verifies with a shared secret, not a JWKS".into());
         }
         let set = Self::key_set(text)?;
@@ -305,9 +310,15 @@ fn read_dev_secret(path: &std::path::Path) -> Result<Option<String>, String> {
     let why = if !meta.file_type().is_file() {
         Some("is not a plain file (a link?)".to_string())
     } else if meta.uid() != me {
-        Some(format!("belongs to uid {}, not to this user (uid {me})", meta.uid()))
+        Some(format!(
+            "belongs to uid {}, not to this user (uid {me})",
+            meta.uid()
+        ))
     } else if meta.mode() & 0o077 != 0 {
-        Some(format!("may be read or written by others (mode {:o})", meta.mode() & 0o777))
+        Some(format!(
+            "may be read or written by others (mode {:o})",
+            meta.mode() & 0o777
+        ))
     } else {
         None
     };
@@ -472,10 +483,16 @@ mod tests {
         assert!(id.verify(Some(&by(old)), NOW_MS).is_err(), "the old key is gone");
         for bad in ["", "{\"keys\": [", r#"{"keys":[]}"#] {
             assert!(id.reload_jwks(bad).is_err(), "{bad:?}");
-            assert!(id.verify(Some(&by(new)), NOW_MS).is_ok(), "a bad document changed the keys");
+            assert!(
+                id.verify(Some(&by(new)), NOW_MS).is_ok(),
+                "a bad document changed the keys"
+            );
         }
         let hs = Identity::hs256(SECRET, None, None).unwrap();
-        assert!(hs.reload_jwks(&set(new)).is_err(), "a shared secret is not a key set");
+        assert!(
+            hs.reload_jwks(&set(new)).is_err(),
+            "a shared secret is not a key set"
+        );
     }
 
     /// Public moduli of test-only RSA keys (`openssl genrsa`), base64url.

@@ -42,8 +42,7 @@ impl CallbackVerifier {
     }
 
     fn mac(key: &[u8], t: &str, body: &[u8]) -> HmacSha256 {
-        let mut mac =
-            <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
+        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
         mac.update(t.as_bytes());
         mac.update(b".");
         mac.update(body);
@@ -97,7 +96,10 @@ impl CallbackVerifier {
         // Every (key, signature) pair is tried, constant-time each: which key matched is not
         // told by the time taken.
         let matched = (self.keys.iter())
-            .flat_map(|key| tags.iter().map(move |tag| Self::mac(key, t, body).verify_slice(tag).is_ok()))
+            .flat_map(|key| {
+                tags.iter()
+                    .map(move |tag| Self::mac(key, t, body).verify_slice(tag).is_ok())
+            })
             .fold(false, |any, ok| any | ok);
         if matched {
             Ok(())

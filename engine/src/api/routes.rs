@@ -282,7 +282,8 @@ const STATUSES: [u16; 15] = [
     200, 201, 202, 400, 401, 403, 404, 409, 410, 413, 415, 425, 429, 500, 503,
 ];
 const STATUS_LABELS: [&str; 16] = [
-    "200", "201", "202", "400", "401", "403", "404", "409", "410", "413", "415", "425", "429", "500", "503", "other",
+    "200", "201", "202", "400", "401", "403", "404", "409", "410", "413", "415", "425", "429", "500", "503",
+    "other",
 ];
 const ROUTE_COUNT: usize = ROUTES.len() + ADMIN_ROUTES.len();
 
@@ -381,7 +382,12 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
 
 /// `application/json` or `application/<anything>+json`, parameters (a charset) allowed.
 fn is_json(content_type: &str) -> bool {
-    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     essence == "application/json"
         || essence
             .strip_prefix("application/")

@@ -212,13 +212,10 @@ pub fn api<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             }),
             super::config::JwtKeys::Secret(_) => None,
         },
-        payments: cfg
-            .payment_secret
-            .as_ref()
-            .map(|s| {
-                CallbackVerifier::new(s.as_bytes())
-                    .with_previous(cfg.payment_secret_previous.as_deref().map(str::as_bytes))
-            }),
+        payments: cfg.payment_secret.as_ref().map(|s| {
+            CallbackVerifier::new(s.as_bytes())
+                .with_previous(cfg.payment_secret_previous.as_deref().map(str::as_bytes))
+        }),
         limits: Limits::new(&cfg.rate),
         admin_token: secrets.admin_token.clone(),
         clock,

@@ -95,7 +95,11 @@ async fn call(
         req = req.header(*k, *v);
     }
     // A body is JSON, as every client sends it, unless the test says otherwise.
-    if body.is_some() && !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+    if body.is_some()
+        && !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
         req = req.header("content-type", "application/json");
     }
     let req = req
@@ -458,7 +462,14 @@ async fn every_buyer_route_is_limited_before_it_reads_a_store() {
         let me = h.jwt(20 + i as u64);
         let me = [("authorization", me.as_str())];
         let peer = format!("192.0.2.{}:5000", 10 + i);
-        let (s, _) = request_from_peer(&h, method, &peer, &uri.replace("/7", &format!("/{}", 20 + i)), &me).await;
+        let (s, _) = request_from_peer(
+            &h,
+            method,
+            &peer,
+            &uri.replace("/7", &format!("/{}", 20 + i)),
+            &me,
+        )
+        .await;
         assert_eq!(s, first, "{method} {uri}");
         let (s, body) = request_from_peer(&h, method, &peer, uri, &as7).await;
         assert_eq!(
@@ -469,7 +480,12 @@ async fn every_buyer_route_is_limited_before_it_reads_a_store() {
     }
     // User 7 polls its order from two addresses: the second poll is over the user's limit.
     let order = "/api/v1/activities/1/orders/7";
-    assert_eq!(request_from_peer(&h, "GET", "192.0.2.50:5000", order, &as7).await.0, StatusCode::OK);
+    assert_eq!(
+        request_from_peer(&h, "GET", "192.0.2.50:5000", order, &as7)
+            .await
+            .0,
+        StatusCode::OK
+    );
     let (s, body) = request_from_peer(&h, "GET", "192.0.2.51:5000", order, &as7).await;
     assert_eq!(
         (s, body["error"]["code"].as_str()),
@@ -501,7 +517,10 @@ async fn a_body_not_declared_json_is_refused_and_moves_nothing() {
             let resp = app.oneshot(req.body(Body::from(body)).unwrap()).await.unwrap();
             let status = resp.status();
             let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
-            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+            (
+                status,
+                serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
+            )
         }
     };
     for ct in [
@@ -513,7 +532,11 @@ async fn a_body_not_declared_json_is_refused_and_moves_nothing() {
         let (s, body) = send(ct).await;
         assert_eq!(
             (s, body["error"]["code"].as_str(), body["error"]["field"].as_str()),
-            (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("unsupported_media_type"), Some("content-type")),
+            (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Some("unsupported_media_type"),
+                Some("content-type")
+            ),
             "content type {ct:?}"
         );
     }
@@ -522,7 +545,14 @@ async fn a_body_not_declared_json_is_refused_and_moves_nothing() {
     let (s, _) = send(Some("application/json; charset=utf-8")).await;
     assert_eq!(s, StatusCode::ACCEPTED);
     // An empty body needs no content type (the token route's body is optional).
-    let (s, _, _) = at(&h, "POST", "/api/v1/activities/1/token", None, &[("authorization", &h.jwt(8))]).await;
+    let (s, _, _) = at(
+        &h,
+        "POST",
+        "/api/v1/activities/1/token",
+        None,
+        &[("authorization", &h.jwt(8))],
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
 }
 

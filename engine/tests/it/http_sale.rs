@@ -324,14 +324,24 @@ async fn slow_clients_are_cut_off_and_do_not_stall_the_rest() {
         s.write_all(request.as_bytes()).await.unwrap();
         let mut raw = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut raw)).await;
-        String::from_utf8_lossy(&raw).split("\r\n").next().unwrap_or("").to_string()
+        String::from_utf8_lossy(&raw)
+            .split("\r\n")
+            .next()
+            .unwrap_or("")
+            .to_string()
     };
-    let big = format!("GET /healthz HTTP/1.1\r\nhost: x\r\ncookie: {}\r\n\r\n", "c".repeat(20 * 1024));
+    let big = format!(
+        "GET /healthz HTTP/1.1\r\nhost: x\r\ncookie: {}\r\n\r\n",
+        "c".repeat(20 * 1024)
+    );
     assert_eq!(answer(big).await, "HTTP/1.1 431 Request Header Fields Too Large");
     let many: String = (0..100).map(|i| format!("x-h{i}: {i}\r\n")).collect();
     let many = format!("GET /healthz HTTP/1.1\r\nhost: x\r\n{many}\r\n");
     assert_eq!(answer(many).await, "HTTP/1.1 431 Request Header Fields Too Large");
-    let fine = format!("GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncookie: {}\r\n\r\n", "c".repeat(8 * 1024));
+    let fine = format!(
+        "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncookie: {}\r\n\r\n",
+        "c".repeat(8 * 1024)
+    );
     assert_eq!(answer(fine).await, "HTTP/1.1 200 OK");
 
     // Four slow connections fill the cap: the fifth is closed at once (well before the header
@@ -381,7 +391,10 @@ async fn a_rotated_jwks_file_is_picked_up_without_a_restart() {
         let k = base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, secret);
         format!(r#"{{"keys":[{{"kty":"oct","alg":"HS256","kid":"k","k":"{k}"}}]}}"#)
     };
-    let (old, new) = (b"old-login-key-0123456789abcdefghij", b"new-login-key-9876543210zyxwvutsrq");
+    let (old, new) = (
+        b"old-login-key-0123456789abcdefghij",
+        b"new-login-key-9876543210zyxwvutsrq",
+    );
     let path = std::env::temp_dir().join(format!("seckill-jwks-{}.json", std::process::id()));
     std::fs::write(&path, key_set(old)).unwrap();
     let cfg = ServeConfig {
@@ -407,7 +420,11 @@ async fn a_rotated_jwks_file_is_picked_up_without_a_restart() {
         )
     };
     // No activity 1: a believed identity is answered 404, a refused one 401.
-    let status = |jwt: String| async move { http(addr, "GET", "/api/v1/activities/1/orders/7", None, &jwt).await.0 };
+    let status = |jwt: String| async move {
+        http(addr, "GET", "/api/v1/activities/1/orders/7", None, &jwt)
+            .await
+            .0
+    };
     let settle = || tokio::time::sleep(Duration::from_millis(600));
     assert_eq!(status(by(old)).await, 404);
     assert_eq!(status(by(new)).await, 401);
@@ -417,7 +434,11 @@ async fn a_rotated_jwks_file_is_picked_up_without_a_restart() {
     assert_eq!(status(by(old)).await, 401, "the old key is still believed");
     std::fs::write(&path, "{\"keys\": [").unwrap();
     settle().await;
-    assert_eq!(status(by(new)).await, 404, "a file that does not load changed the keys");
+    assert_eq!(
+        status(by(new)).await,
+        404,
+        "a file that does not load changed the keys"
+    );
     running.shutdown().await.unwrap();
     let _ = std::fs::remove_file(&path);
 }

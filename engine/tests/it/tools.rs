@@ -332,7 +332,10 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
     let plain = "mysql://seckill:q7Fh2kLx9TzW@mysql.internal:3306/seckill";
     let (code, _, err) = with_db(plain, None);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("DATABASE_URL: no ssl-mode") && err.contains("SECKILL_MYSQL_ALLOW_UNVERIFIED=1"), "{err}");
+    assert!(
+        err.contains("DATABASE_URL: no ssl-mode") && err.contains("SECKILL_MYSQL_ALLOW_UNVERIFIED=1"),
+        "{err}"
+    );
     let (code, _, err) = with_db(&format!("{plain}?ssl-mode=required"), None);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("ssl-mode=required does not verify"), "{err}");
@@ -340,7 +343,14 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("warning: DATABASE_URL: no ssl-mode"), "{out}");
     let (code, _, err) = with_db(plain, Some("yes"));
-    assert_eq!((code, err.contains("SECKILL_MYSQL_ALLOW_UNVERIFIED: must be 1 or 0")), (Some(2), true), "{err}");
+    assert_eq!(
+        (
+            code,
+            err.contains("SECKILL_MYSQL_ALLOW_UNVERIFIED: must be 1 or 0")
+        ),
+        (Some(2), true),
+        "{err}"
+    );
     let (code, out, err) = with_db("mysql://seckill:q7Fh2kLx9TzW@127.0.0.1:3306/seckill", None);
     assert_eq!(code, Some(0), "{out}{err}");
     // A public listener that believes no proxy is allowed, and said loudly.
