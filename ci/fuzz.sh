@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz the decoders of everything a client or a payment provider sends (DESIGN §12) under
 # cargo fuzz (libFuzzer, nightly): request bodies and the callback body (purchase_body), purchase
-# tokens (token), JWTs and callback signatures (identity). Each target starts from its committed
+# tokens (token), JWTs and callback signatures (identity), forwarding headers from a trusted proxy
+# (forwarded), the login service's JWKS file (jwks). Each target starts from its committed
 # corpus (engine/fuzz/corpus/<target>, left untouched: new inputs go to a scratch directory).
 #
 #   ci/fuzz.sh                  20 seconds per target, optimized build
@@ -33,7 +34,7 @@ fi
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-for target in purchase_body token identity; do
+for target in purchase_body token identity forwarded jwks; do
   mkdir -p "$scratch/$target"
   echo "[fuzz] $target ($limit, $profile)"
   log="$scratch/$target.log"

@@ -62,6 +62,42 @@ pub fn client_key(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// A forwarding header's hop that is not an IP address (the header is refused, by name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotAnAddress;
+
+/// The client's address (DESIGN §12). From a peer in `trusted` (a proxy of ours), the rightmost
+/// hop of the forwarding header (`values`: every instance of it, in order, read as one list)
+/// that is not itself a trusted proxy — the one the first proxy we trust saw; hops further left
+/// were written by the client and prove nothing. From any other peer, the peer, whatever the
+/// header says.
+pub fn client_ip<'a>(
+    peer: IpAddr,
+    values: impl IntoIterator<Item = &'a [u8]>,
+    trusted: &[ipnet::IpNet],
+) -> Result<IpAddr, NotAnAddress> {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(&peer) {
+        return Ok(peer);
+    }
+    let mut hops = Vec::new();
+    for v in values {
+        let v = std::str::from_utf8(v)
+            .ok()
+            .filter(|v| v.is_ascii())
+            .ok_or(NotAnAddress)?;
+        hops.extend(v.split(',').map(str::trim));
+    }
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        client = hop.parse().map_err(|_| NotAnAddress)?;
+        if !is_trusted(&client) {
+            break;
+        }
+    }
+    Ok(client)
+}
+
 fn quota(per_sec: u32) -> Quota {
     Quota::per_second(NonZeroU32::new(per_sec.max(1)).expect("at least 1"))
 }

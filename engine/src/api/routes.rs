@@ -394,10 +394,8 @@ fn is_json(content_type: &str) -> bool {
             .is_some_and(|sub| sub.ends_with("+json"))
 }
 
-/// The client's IP. From a trusted proxy (its socket address in `trusted_proxies`), the
-/// rightmost address in the forwarding header that is not itself a trusted proxy — the one the
-/// first proxy we trust saw; addresses further left were written by the client and prove
-/// nothing. From any other peer, the socket's address, whatever the header says.
+/// The client's IP: the socket's peer, or from a trusted proxy the forwarding header's
+/// rightmost untrusted hop (`limits::client_ip`).
 pub struct ClientIp(pub Option<IpAddr>);
 
 impl<C, B, L, N> FromRequestParts<Shared<C, B, L, N>> for ClientIp
@@ -413,33 +411,22 @@ where
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0.ip());
-        let trusted = |ip: &IpAddr| api.trusted_proxies.iter().any(|n| n.contains(ip));
         let (Some(peer), Some(header)) = (socket, &api.trusted_proxy_header) else {
             return Ok(ClientIp(socket));
         };
-        if !trusted(&peer) {
-            return Ok(ClientIp(Some(peer)));
-        }
-        let bad = || {
+        let values = parts
+            .headers
+            .get_all(header.as_str())
+            .into_iter()
+            .map(|v| v.as_bytes());
+        let client = super::limits::client_ip(peer, values, &api.trusted_proxies).map_err(|_| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_input",
                 "not a list of IP addresses",
             )
             .field(header.clone())
-        };
-        // Every instance of the header, in order, as one list; read from the right.
-        let mut hops = Vec::new();
-        for v in parts.headers.get_all(header.as_str()) {
-            hops.extend(v.to_str().map_err(|_| bad())?.split(',').map(str::trim));
-        }
-        let mut client = peer;
-        for hop in hops.iter().rev() {
-            client = hop.parse().map_err(|_| bad())?;
-            if !trusted(&client) {
-                break;
-            }
-        }
+        })?;
         Ok(ClientIp(Some(client)))
     }
 }
