@@ -4,7 +4,11 @@
 # (PyPI): every documented operation gets a bounded number of generated requests — the buyers'
 # routes on the public listener with a user's JWT, the operator's on the admin listener with the
 # admin token — and no answer may be a 5xx or differ from the document (status, content type,
-# schema). ci/test.sh runs it.
+# schema); what the document says is invalid is refused (4xx), and an operation that needs an
+# identity or the admin token answers 401/403 without it or with a wrong one (schemathesis's
+# negative data and ignored_auth checks; its stateful phase follows the links it infers between
+# operations). One user makes every request: its own rate limit is lifted so that the logic
+# behind it is what is tested. ci/test.sh runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=target/schemathesis
@@ -22,6 +26,7 @@ while [ "$admin" = "$port" ]; do admin=$(free_port); done
 env -u REDIS_URL -u KAFKA_BROKERS -u DATABASE_URL SECKILL_LOG=warn \
   SECKILL_ADMIN_TOKEN=schemathesis-admin-token SECKILL_PAYMENT_SECRET=schemathesis-payment \
   SECKILL_JWT_SECRET=schemathesis-jwt-secret-0123456789abcdef \
+  SECKILL_RATE_PER_USER_PER_SEC=100000 \
   "$bin" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" > target/schemathesis/serve.log 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
@@ -35,7 +40,7 @@ now=$(date +%s%3N)
 curl -sf -X POST "localhost:$admin/api/v1/admin/activities" -H 'authorization: Bearer schemathesis-admin-token' \
   --json '{"id": 1, "total_stock": 100, "buckets": 4, "fallback_pct": 10, "start_ms": '"$now"', "end_ms": '"$((now + 3600000))"', "pay_timeout_ms": 900000}' > /dev/null
 jwt=$(SECKILL_JWT_SECRET=schemathesis-jwt-secret-0123456789abcdef "$bin" jwt --user 1)
-checks=not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance
+checks=not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,ignored_auth,negative_data_rejection
 doc=target/schemathesis/openapi.json
 curl -sf "localhost:$port/api/v1/openapi.json" > "$doc"
 run() { "$venv/bin/st" run "$doc" -n 30 --seed 1 --generation-database none -c "$checks" "$@"; }

@@ -101,6 +101,15 @@ fn kind(v: &Value) -> &'static str {
 /// the path of a value of the wrong type; a missing, unknown or repeated field is named by serde
 /// in its message (the path then is the object itself); anything else is the body's fault.
 pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, FieldError> {
+    // serde's derived structs also read a JSON array, field by field in order (`[]` would be a
+    // request with every optional field absent): every body here is an object, nothing else.
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{') {
+        return Err(match serde_json::from_slice::<Value>(bytes) {
+            Ok(v) => field_error("body", format!("must be a JSON object, got {}", kind(&v))),
+            Err(e) => field_error("body", format!("not valid JSON: {e}")),
+        });
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -309,6 +318,18 @@ mod tests {
         assert_eq!(token_request(br#"{"user_id": 8}"#).unwrap().user_id, Some(8));
         assert_eq!(token_request(br#"{"user_id": 0}"#).unwrap_err().field, "user_id");
         assert_eq!(token_request(br#"{"user": 8}"#).unwrap_err().field, "user");
+        // serde would read an array as the struct's fields in order (found by schemathesis: `[]`
+        // was a token request).
+        for array in [&b"[]"[..], b" [8]", b"[null]", b"8", b"\"x\""] {
+            let e = token_request(array).unwrap_err();
+            assert_eq!(e.field, "body", "{}", String::from_utf8_lossy(array));
+            assert!(e.message.contains("must be a JSON object"), "{e}");
+        }
+        let e = purchase_request(br#"["t", 1]"#).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("body", "must be a JSON object, got an array")
+        );
     }
 
     #[test]
