@@ -86,7 +86,10 @@ pub struct ApiRole<C, B, L> {
     loaded: AtomicBool,
 }
 
-/// Compose the `api` role. Nothing runs until `run_refresher` is spawned.
+/// Compose the `api` role. Nothing runs until `run_refresher` is spawned. The reservation ids
+/// are drawn from a generator seeded with 256 bits of `rng` (DESIGN §12: the binary's `rng` is
+/// seeded by the OS, the simulation's by its seed), not from a 64-bit seed: an id must not be
+/// guessable from the few bits a seed of that size leaves.
 pub fn api_role<C: StockCache, B: OrderBus, L: Ledger>(
     cache: C,
     bus: B,
@@ -96,9 +99,8 @@ pub fn api_role<C: StockCache, B: OrderBus, L: Ledger>(
     recovery: RecoveryConfig,
     rng: &mut impl RngCore,
 ) -> ApiRole<C, B, L> {
-    let mut service_rng = StdRng::seed_from_u64(rng.next_u64());
     ApiRole {
-        service: PurchaseService::new(cache.clone(), bus.clone(), clock, purchase, &mut service_rng),
+        service: PurchaseService::new(cache.clone(), bus.clone(), clock, purchase, &mut *rng),
         cache,
         bus,
         ledger,

@@ -221,7 +221,9 @@ pub fn api<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         clock,
         trusted_proxy_header: cfg.trusted_proxy_header.clone(),
         trusted_proxies: cfg.trusted_proxies.clone(),
-        token_rng: Mutex::new(StdRng::seed_from_u64(rng.next_u64())),
+        token_rng: Mutex::new(
+            StdRng::from_rng(&mut *rng).map_err(|e| format!("the token nonces' generator: {e}"))?,
+        ),
         metrics: metrics_handle(),
         body_limit_bytes: cfg.body_limit_bytes,
         request_timeout: cfg.request_timeout,

@@ -122,6 +122,57 @@ async fn buy(api: &ApiRole<TestCache, TestBus, EmbeddedLedger>, u: UserId) -> Pu
     api.service.purchase(A, u, 1).await.expect("a known activity")
 }
 
+/// Reservation ids come from the whole of the role's seed (DESIGN §12: 128 unguessable bits),
+/// not from its first 64 bits: two processes whose generators agree on their first word and
+/// differ after it draw different ids (a 64-bit seed made them draw the same).
+#[tokio::test(start_paused = true)]
+async fn reservation_ids_depend_on_more_than_64_bits_of_the_seed() {
+    /// A first word of 42, then `.1`'s words.
+    struct FirstWordThen(bool, rand::rngs::StdRng);
+    impl rand::RngCore for FirstWordThen {
+        fn next_u32(&mut self) -> u32 {
+            self.next_u64() as u32
+        }
+        fn next_u64(&mut self) -> u64 {
+            if std::mem::replace(&mut self.0, false) {
+                return 42;
+            }
+            self.1.next_u64()
+        }
+        fn fill_bytes(&mut self, dest: &mut [u8]) {
+            for chunk in dest.chunks_mut(8) {
+                let word = self.next_u64().to_le_bytes();
+                chunk.copy_from_slice(&word[..chunk.len()]);
+            }
+        }
+        fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+            self.fill_bytes(dest);
+            Ok(())
+        }
+    }
+    let w = World::new(20, 2, 0);
+    let role = |rest: u64| {
+        roles::api_role(
+            w.cache.clone(),
+            w.bus.clone(),
+            w.ledger.clone(),
+            Clock::new(1_500, tokio::time::Instant::now()),
+            PurchaseConfig::default(),
+            recovery(),
+            &mut FirstWordThen(true, rand::rngs::StdRng::seed_from_u64(rest)),
+        )
+    };
+    let (one, two) = (role(1), role(2));
+    one.create(&w.activity).await.unwrap();
+    two.refresh().await.unwrap();
+    let (PurchaseOutcome::Queued(a), PurchaseOutcome::Queued(b)) =
+        (buy(&one, UserId(1)).await, buy(&two, UserId(2)).await)
+    else {
+        panic!("both queued")
+    };
+    assert_ne!(a.id, b.id, "the ids depend on the seed's first word alone");
+}
+
 /// Finding 1 of the topology issue: an activity created through one process was unknown to the
 /// other, and a pause sent to the wrong process did nothing.
 #[tokio::test(start_paused = true)]
