@@ -45,9 +45,9 @@ enum Keys {
 }
 
 pub struct Identity {
-    /// Swapped whole by a reload; a std lock, held only to clone the `Arc` (no await inside), so
-    /// a request verifies against one consistent key set.
-    keys: std::sync::RwLock<std::sync::Arc<Keys>>,
+    /// Swapped whole by a reload; a std lock, held for one verification (no await inside), so a
+    /// request verifies against one consistent key set.
+    keys: std::sync::RwLock<Keys>,
     issuer: Option<String>,
     audience: Option<String>,
 }
@@ -99,9 +99,7 @@ impl Identity {
             return Err(format!("must be at least {MIN_SECRET_LEN} bytes"));
         }
         Ok(Identity {
-            keys: std::sync::RwLock::new(std::sync::Arc::new(Keys::Secret(DecodingKey::from_secret(
-                secret,
-            )))),
+            keys: std::sync::RwLock::new(Keys::Secret(DecodingKey::from_secret(secret))),
             issuer,
             audience,
         })
@@ -111,7 +109,7 @@ impl Identity {
     /// algorithm it was not published for); `kid` picks the key when there are several.
     pub fn jwks(text: &str, issuer: Option<String>, audience: Option<String>) -> Result<Identity, String> {
         Ok(Identity {
-            keys: std::sync::RwLock::new(std::sync::Arc::new(Keys::Set(Self::key_set(text)?))),
+            keys: std::sync::RwLock::new(Keys::Set(Self::key_set(text)?)),
             issuer,
             audience,
         })
@@ -122,14 +120,14 @@ impl Identity {
     /// or a bad key must not lock every buyer out.
     pub fn reload_jwks(&self, text: &str) -> Result<usize, String> {
         if matches!(
-            **self.keys.read().unwrap_or_else(|p| p.into_inner()),
+            *self.keys.read().unwrap_or_else(|p| p.into_inner()),
             Keys::Secret(_)
         ) {
             return Err("this identity verifies with a shared secret, not a JWKS".into());
         }
         let set = Self::key_set(text)?;
         let n = set.len();
-        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = std::sync::Arc::new(Keys::Set(set));
+        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Keys::Set(set);
         Ok(n)
     }
 
@@ -174,7 +172,7 @@ impl Identity {
             .filter(|t| !t.is_empty())
             .ok_or_else(|| invalid("the Authorization header is not \"Bearer <JWT>\""))?;
         let header = jsonwebtoken::decode_header(token).map_err(|e| invalid(format!("not a JWT: {e}")))?;
-        let keys = self.keys.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
         let (alg, key) = match &*keys {
             Keys::Secret(key) => (Algorithm::HS256, key),
             Keys::Set(keys) => {
@@ -299,37 +297,47 @@ pub fn dev_secret(rng: &mut impl rand::RngCore) -> Result<String, String> {
 /// short a key, as a file being written does). Refused by name: a link, a file of another user, a
 /// file others may read or write.
 fn read_dev_secret(path: &std::path::Path) -> Result<Option<String>, String> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let why = if !meta.file_type().is_file() {
-        Some("is not a plain file (a link?)".to_string())
-    } else if meta.uid() != me {
-        Some(format!(
-            "belongs to uid {}, not to this user (uid {me})",
-            meta.uid()
-        ))
-    } else if meta.mode() & 0o077 != 0 {
-        Some(format!(
-            "may be read or written by others (mode {:o})",
-            meta.mode() & 0o777
-        ))
-    } else {
-        None
-    };
-    if let Some(why) = why {
-        return Err(format!(
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let shown = |e: std::io::Error| format!("{}: {e}", path.display());
+    let refused = |why: &str| {
+        format!(
             "the development JWT key {} {why}: whoever made it could mint any user's JWT; \
              remove it (a new one is made) or set SECKILL_JWT_SECRET",
             path.display()
-        ));
+        )
+    };
+    // The file read is the file checked: opened without following a link, then its own metadata.
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path);
+    let mut file = match opened {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(refused("is not a plain file (a link?)"))
+        }
+        Err(e) => return Err(shown(e)),
+    };
+    let m = file.metadata().map_err(shown)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !m.file_type().is_file() {
+        return Err(refused("is not a plain file (a link?)"));
+    } else if m.uid() != me {
+        return Err(refused(&format!(
+            "belongs to uid {}, not to this user (uid {me})",
+            m.uid()
+        )));
+    } else if m.mode() & 0o077 != 0 {
+        return Err(refused(&format!(
+            "may be read or written by others (mode {:o})",
+            m.mode() & 0o777
+        )));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(shown)?;
     let text = text.trim();
     Ok((text.len() >= MIN_SECRET_LEN).then(|| text.to_string()))
 }
