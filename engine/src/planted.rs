@@ -173,6 +173,9 @@ thread_local! {
     /// What the simulation does when a long fault point fires (with its site): aim a fault at
     /// the window the stall holds open.
     static ON_LONG_STALL: std::cell::RefCell<Option<LongStallHook>> = const { std::cell::RefCell::new(None) };
+    /// The process asleep at a long fault point the simulation may end early (`wake`), by site.
+    static WAKERS: std::cell::RefCell<Vec<(Site, std::sync::Arc<tokio::sync::Notify>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 type LongStallHook = Box<dyn Fn(Site)>;
@@ -194,6 +197,8 @@ pub enum Site {
     RecoveryFinish = 4,
     /// A recovery between its claim and its close.
     RecoveryClose = 5,
+    /// A rebalancer between its look at the gates and its take.
+    RebalanceLook = 6,
 }
 
 impl Site {
@@ -206,6 +211,7 @@ impl Site {
             Site::RecoveryBump => "recovery_bump",
             Site::RecoveryFinish => "recovery_finish",
             Site::RecoveryClose => "recovery_close",
+            Site::RebalanceLook => "rebalance_look",
         }
     }
 
@@ -235,6 +241,7 @@ pub fn enable_stalls(seed: Option<u64>, long: u64) {
     SHORT_OFF.with(|s| s.set(false));
     STALLED.with(|s| s.set(0));
     ON_LONG_STALL.with(|h| h.borrow_mut().take());
+    WAKERS.with(|w| w.borrow_mut().clear());
 }
 
 /// The faults stop (the simulation's heal): no short fault point stalls from here on, the
@@ -308,14 +315,46 @@ pub async fn stall_once(site: Site, one_in: u64, max: std::time::Duration) {
 /// `stall_once` for at least `floor`: a window that only hurts once another process has had
 /// time to act in it (take over a claim and finish what it claimed).
 pub async fn stall_once_past(site: Site, one_in: u64, floor: std::time::Duration, max: std::time::Duration) {
-    if FIRED.with(|f| f.get()) & site.bit() != 0 {
-        return;
+    if let Some(x) = fire_once(site, one_in) {
+        sleep_drawn_from(x, floor, max).await;
     }
-    let Some(x) = draw() else { return };
+}
+
+/// `stall_once` that ends early when the simulation calls `wake(site)`: a window that hurts
+/// only while another process is between two of its steps (a recovery between its rebuild and
+/// its reopen), which a drawn sleep would mostly miss.
+pub async fn stall_once_until_woken(site: Site, one_in: u64, max: std::time::Duration) {
+    let woken = std::sync::Arc::new(tokio::sync::Notify::new());
+    WAKERS.with(|w| w.borrow_mut().push((site, woken.clone())));
+    if let Some(x) = fire_once(site, one_in) {
+        tokio::select! {
+            _ = sleep_drawn(x, max) => {}
+            _ = woken.notified() => {}
+        }
+    }
+    WAKERS.with(|w| w.borrow_mut().retain(|(_, n)| !std::sync::Arc::ptr_eq(n, &woken)));
+}
+
+/// End the sleep of a process at the long fault point `site` (`stall_once_until_woken`).
+pub fn wake(site: Site) {
+    WAKERS.with(|w| {
+        for (_, n) in w.borrow().iter().filter(|(s, _)| *s == site) {
+            n.notify_one();
+        }
+    });
+}
+
+/// Whether the long fault point `site` fires now (at most once per run, one call in `one_in`):
+/// the draw that sizes its sleep, after the simulation was told (`on_long_stall`).
+fn fire_once(site: Site, one_in: u64) -> Option<u64> {
+    if FIRED.with(|f| f.get()) & site.bit() != 0 {
+        return None;
+    }
+    let x = draw()?;
     if x % one_in != 0 {
-        return;
+        return None;
     }
     FIRED.with(|f| f.set(f.get() | site.bit()));
     ON_LONG_STALL.with(|h| h.borrow().as_ref().map(|f| f(site)));
-    sleep_drawn_from(x, floor, max).await;
+    Some(x)
 }

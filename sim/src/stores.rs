@@ -159,6 +159,8 @@ pub struct RedisStore {
     pub stale_closes: Mutex<Vec<(Duration, String, String)>>,
     /// Every answer `warmup.lua`'s finish gave, in order.
     pub finishes: Mutex<Vec<FinishSeen>>,
+    /// How many buckets `rebuild.lua` rebuilt (answered "rebuilt"), over the run.
+    pub rebuilds: AtomicU64,
     /// A stock key to lose when a write of it arrives, after the writer's check found it.
     pub lose_at_write: Mutex<Option<LoseAtWrite>>,
     /// A replica's image: the next (re)start comes back with it whatever the persistence (a
@@ -299,6 +301,7 @@ impl RedisStore {
             key_lost_at: Mutex::default(),
             claims: Mutex::default(),
             finishes: Mutex::default(),
+            rebuilds: AtomicU64::new(0),
             stale_closes: Mutex::default(),
             lose_at_write: Mutex::default(),
             promoted: Mutex::default(),
@@ -503,6 +506,17 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                                 .lock()
                                 .expect("reserved")
                                 .push((at, rid.clone(), key.clone()));
+                        }
+                    }
+                    Some(Reply::Bulk(tag)) if tag == b"rebuilt" => {
+                        s.rebuilds.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // A take refused at a recovering gate: a bucket rebuilt or about to be, which
+                    // a transfer planned before the recovery must not take from.
+                    Some(Reply::Bulk(tag)) if tag == b"gated" && req.args[0] == "take" => {
+                        let gate = req.keys.get(2).and_then(|k| raw_string(&s.model, k));
+                        if gate.is_some_and(|g| g.starts_with("recovering|")) {
+                            f.cover(Target::TakeGatedInRecovery);
                         }
                     }
                     Some(Reply::Bulk(tag)) if tag == b"adopted" => {

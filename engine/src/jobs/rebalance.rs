@@ -89,8 +89,21 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
             units: (units / 2).max(1),
             generation: generation(from),
         };
+        // Fault point: a runner stalled between its look at the gates and its take, once per run
+        // (`Site::RebalanceLook`), across a Redis loss and the recovery after it (the simulation
+        // aims one at it, and wakes the runner once the recovery rebuilt a bucket): the take
+        // then meets a rebuilt bucket whose gate is recovering, or gates of a newer generation,
+        // and must be refused — taken, the ledger would refuse its next step (a transfer planned
+        // before the rebuild) forever, and its units would sit in no bucket.
+        #[cfg(madsim)]
+        crate::planted::stall_once_until_woken(
+            crate::planted::Site::RebalanceLook,
+            1,
+            std::time::Duration::from_millis(20_000),
+        )
+        .await;
         if !cache.take(plan, &t).await? {
-            continue; // sold meanwhile
+            continue; // sold meanwhile, or gated: a recovery since the look
         }
         // Fault points: a runner stalled between take and give (the units are in neither bucket:
         // the reconciler may finish the transfer meanwhile, and this runner then finishes it too);

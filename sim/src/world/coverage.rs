@@ -50,6 +50,7 @@ pub enum Target {
     DeadlockVictimSetIntent,
     DeadlockVictimBump,
     FailoverPastQuiesce,
+    TakeGatedInRecovery,
     /// A fallback reserve of an attempt the reconciler gave up, answered "voided".
     LateFallbackVoided,
     /// The same, where the attempt's unit was kept.
@@ -214,6 +215,14 @@ pub const COVERAGE_TARGETS: &[(Target, &[Scenario], usize)] = &[
     (
         Target::FailoverPastQuiesce,
         &[Scenario::RedisLoss, Scenario::Chaos],
+        100,
+    ),
+    // A rebalancer's take, planned before a recovery, refused at a bucket's recovering gate
+    // (the rebalancer stalled between its look and its take, woken after the recovery's first
+    // rebuild): taken, its units would sit in no bucket.
+    (
+        Target::TakeGatedInRecovery,
+        &[Scenario::RedisLoss, Scenario::Operator, Scenario::JobsAway],
         100,
     ),
 ];

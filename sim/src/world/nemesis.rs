@@ -17,9 +17,10 @@ use std::time::Duration;
 
 impl World {
     /// A rebalancer stalled long between its take and its ledger step (the long fault point at
-    /// `Site::RebalanceTake`): where the scenario restarts Redis, Redis restarts under it, so that a
-    /// recovery rebuilds the buckets — the take undone, if Redis lost it or not — before it wakes up
-    /// and goes on with a transfer of the old generation. A recovery runner stalled long (any other
+    /// `Site::RebalanceTake`), or between its look at the gates and its take
+    /// (`Site::RebalanceLook`): where the scenario restarts Redis, Redis restarts under it, so
+    /// that a recovery rebuilds the buckets — the take undone, if Redis lost it or not — before it
+    /// wakes up and goes on with a transfer of the old generation. A recovery runner stalled long (any other
     /// site): once another runner has recovered and reopened the sale while it sleeps, a wave of new
     /// buyers sells there, so that what the sleeper writes when it wakes (a bump, a rebuild from its
     /// old snapshot, a reopen, a finish) meets buckets that sold since — the sales the fences exist
@@ -63,8 +64,8 @@ impl World {
         let pending = self.clone();
         planted::on_long_stall(move |site| {
             f.fired(Fired::LongStall(site));
-            if site == Site::RebalanceTake {
-                let _ = tx.send(());
+            if matches!(site, Site::RebalanceTake | Site::RebalanceLook) {
+                let _ = tx.send(site);
             } else if !pending
                 .stall_wave_pending
                 .swap(true, std::sync::atomic::Ordering::SeqCst)
@@ -77,14 +78,37 @@ impl World {
         }
         let w = self.clone();
         tokio::spawn(async move {
-            while rx.recv().await.is_some() {
+            while let Some(site) = rx.recv().await {
                 tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(0..500))).await;
                 w.faults
-                    .event("aimed: Redis restarts under a rebalancer stalled after its take".into());
+                    .event("aimed: Redis restarts under a stalled rebalancer".into());
                 let fault = restarts[thread_rng().gen_range(0..restarts.len())];
+                let rebuilt = w.redis.rebuilds.load(std::sync::atomic::Ordering::SeqCst);
                 w.inject(fault, Duration::ZERO).await;
+                if site == Site::RebalanceLook {
+                    w.wake_after_a_rebuild(rebuilt).await;
+                }
             }
         });
+    }
+
+    /// Wake the rebalancer asleep before its take (`Site::RebalanceLook`) a moment after the
+    /// recovery the aimed restart started has rebuilt a bucket (Redis had rebuilt `before`
+    /// buckets then): its take of the old generation lands on rebuilt buckets whose gates are
+    /// still recovering, or on gates of the new generation once the recovery reopened them. If
+    /// no recovery rebuilds within 15 s, its own sleep ends it.
+    async fn wake_after_a_rebuild(&self, before: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while tokio::time::Instant::now() < deadline {
+            if self.redis.rebuilds.load(std::sync::atomic::Ordering::SeqCst) > before {
+                tokio::time::sleep(Duration::from_millis(thread_rng().gen_range(0..300))).await;
+                self.faults
+                    .event("aimed: the stalled rebalancer wakes up during a recovery".into());
+                planted::wake(Site::RebalanceLook);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// A random schedule over the scenario's faults: one at a time, each for a short while.
