@@ -272,3 +272,60 @@ pub type RedisStockCache = ScriptedStockCache<RedisConn>;
 pub async fn connect_stock_cache(cfg: &RedisConfig) -> PortResult<RedisStockCache> {
     Ok(ScriptedStockCache::new(RedisConn::connect(cfg).await?))
 }
+
+/// A rate limit shared by every process through Redis (`lua/limit.lua`: GCRA on Redis's clock).
+/// Kept apart from the stock scripts (`Script`): it touches no bucket, and neither the embedded
+/// stores nor the simulation run it.
+#[derive(Clone)]
+pub struct RedisRateLimiter {
+    conn: RedisConn,
+}
+
+/// What the shared limit answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Admitted,
+    /// Refused: `cost` requests fit again after this long.
+    Refused {
+        retry_after: Duration,
+    },
+}
+
+const LIMIT_LUA: &str = include_str!("../../../lua/limit.lua");
+
+impl RedisRateLimiter {
+    pub fn new(conn: RedisConn) -> Self {
+        RedisRateLimiter { conn }
+    }
+
+    /// Take `cost` requests of the limit `key` (`per_sec`, `burst` at once).
+    pub async fn acquire(&self, key: &str, per_sec: u32, burst: u32, cost: u32) -> PortResult<Admission> {
+        static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let sha = SHA.get_or_init(|| crate::adapters::script::sha1_hex(LIMIT_LUA));
+        let keys = [key.to_string()];
+        let args = [per_sec.to_string(), burst.to_string(), cost.to_string()];
+        let mut reply = self.conn.eval_sha(sha, &keys, &args).await?;
+        if matches!(&reply, Reply::Error(e) if e.starts_with("NOSCRIPT")) {
+            self.conn.script_load(LIMIT_LUA).await?;
+            reply = self.conn.eval_sha(sha, &keys, &args).await?;
+        }
+        match reply {
+            Reply::Array(a) => match a.as_slice() {
+                [Reply::Int(1), Reply::Int(_)] => Ok(Admission::Admitted),
+                [Reply::Int(0), Reply::Int(ms)] => Ok(Admission::Refused {
+                    retry_after: Duration::from_millis((*ms).max(1) as u64),
+                }),
+                other => Err(PortError::indeterminate(
+                    "limit",
+                    format!("unexpected reply {other:?}"),
+                )),
+            },
+            // The script checks its arguments before it writes: an error reply changed nothing.
+            Reply::Error(e) => Err(PortError::determinate("limit", e)),
+            other => Err(PortError::indeterminate(
+                "limit",
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+}

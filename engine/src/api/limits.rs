@@ -4,9 +4,15 @@
 //! a flooding client is stopped by its own limit before it can drain the shared one, and the
 //! per-user quota is charged only once the caller is known to be that user.
 //!
-//! Time comes from `tokio::time` (a governor `Clock` over it), like everywhere in the engine.
+//! With real stores a second layer holds across processes (`SharedLimits`): the per-user and
+//! global limits again, in Redis (`lua/limit.lua`), for what this process's own layer admitted —
+//! so that N API processes admit what the configuration says, not N times it.
+//!
+//! Time comes from `tokio::time` (a governor `Clock` over it), like everywhere in the engine; the
+//! shared layer's from Redis's clock, the one every process sees.
 
 use super::config::RateLimits;
+use crate::adapters::redis::{Admission, RedisRateLimiter};
 use governor::clock::Clock;
 use governor::middleware::NoOpMiddleware;
 use governor::nanos::Nanos;
@@ -48,6 +54,90 @@ pub struct Limits {
     per_ip: Keyed<IpAddr>,
     ramp_ms: u64,
     ramp_seen: AtomicU64,
+    shared: Option<SharedLimits>,
+}
+
+/// The limits every API process shares, in Redis: a user's key per request, and the global key
+/// leased a few permits at a time (a fiftieth of a second's worth), so that the global limit
+/// costs each process at most about fifty Redis calls a second however busy it is. A lease not
+/// spent within `LEASE_FOR` is dropped: permits counted and not used, never permits used twice.
+/// Redis failing fails open (counted, and the process's own layer still holds): the purchase
+/// that follows needs Redis anyway and answers 503 without it, and the order routes stay up.
+pub struct SharedLimits {
+    store: RedisRateLimiter,
+    per_user_per_sec: u32,
+    global_per_sec: u32,
+    lease: std::sync::Mutex<Lease>,
+    /// One refill of the lease at a time (the others wait for it and share what it took).
+    refill: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Lease {
+    left: u32,
+    until: Option<tokio::time::Instant>,
+}
+
+/// How long leased global permits may be spent.
+const LEASE_FOR: Duration = Duration::from_millis(50);
+
+impl SharedLimits {
+    pub fn new(store: RedisRateLimiter, cfg: &RateLimits) -> SharedLimits {
+        SharedLimits {
+            store,
+            per_user_per_sec: cfg.per_user_per_sec.max(1),
+            global_per_sec: cfg.global_per_sec.max(1),
+            lease: Default::default(),
+            refill: Default::default(),
+        }
+    }
+
+    async fn acquire(&self, scope: &'static str, key: &str, per_sec: u32, cost: u32) -> Result<(), Limited> {
+        match self.store.acquire(key, per_sec, per_sec, cost).await {
+            Ok(Admission::Admitted) => Ok(()),
+            Ok(Admission::Refused { retry_after }) => Err(Limited { scope, retry_after }),
+            Err(e) => {
+                metrics::counter!("seckill_shared_limit_errors_total", "scope" => scope).increment(1);
+                tracing::debug!(scope, error = %e, "the shared rate limit is unavailable; admitted");
+                Ok(())
+            }
+        }
+    }
+
+    async fn user(&self, user: u64) -> Result<(), Limited> {
+        self.acquire("user", &format!("sk:rl:{{u{user}}}"), self.per_user_per_sec, 1)
+            .await
+    }
+
+    /// One permit of the leased global limit.
+    fn spend(&self) -> bool {
+        let mut lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        let live = lease.until.is_some_and(|u| tokio::time::Instant::now() < u);
+        if live && lease.left > 0 {
+            lease.left -= 1;
+            return true;
+        }
+        false
+    }
+
+    async fn global(&self) -> Result<(), Limited> {
+        if self.spend() {
+            return Ok(());
+        }
+        let _one = self.refill.lock().await;
+        // Another request refilled the lease while this one waited.
+        if self.spend() {
+            return Ok(());
+        }
+        let size = (self.global_per_sec / 50).max(1);
+        self.acquire("global", "sk:rl:{global}", self.global_per_sec, size)
+            .await?;
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Lease {
+            left: size - 1,
+            until: Some(tokio::time::Instant::now() + LEASE_FOR),
+        };
+        Ok(())
+    }
 }
 
 /// The key a client address is limited under: IPv4 as is, IPv6 by its /64 (a subscriber gets a
@@ -103,7 +193,8 @@ fn quota(per_sec: u32) -> Quota {
 }
 
 impl Limits {
-    pub fn new(cfg: &RateLimits) -> Limits {
+    /// The process's own limits, and with `shared` the layer every process shares behind them.
+    pub fn new(cfg: &RateLimits, shared: Option<RedisRateLimiter>) -> Limits {
         let clock = TokioClock {
             origin: tokio::time::Instant::now(),
         };
@@ -122,6 +213,7 @@ impl Limits {
             clock,
             ramp_ms: cfg.ramp_ms,
             ramp_seen: AtomicU64::new(0),
+            shared: shared.map(|store| SharedLimits::new(store, cfg)),
         }
     }
 
@@ -172,6 +264,19 @@ impl Limits {
         self.check_global(since_open_ms)
     }
 
+    /// The shared layer, for a request this process's own limits admitted: the user's limit,
+    /// then (`global`: on the purchase funnel) the global one. Without it, nothing to check.
+    pub async fn check_shared(&self, user: u64, global: bool) -> Result<(), Limited> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        shared.user(user).await?;
+        if global {
+            shared.global().await?;
+        }
+        Ok(())
+    }
+
     /// Forget keys idle long enough to be back at full quota (bounds the maps' memory).
     pub fn prune(&self) {
         self.per_user.retain_recent();
@@ -184,12 +289,15 @@ mod tests {
     use super::*;
 
     fn limits(ramp_ms: u64) -> Limits {
-        Limits::new(&RateLimits {
-            global_per_sec: 1_000,
-            per_user_per_sec: 2,
-            per_ip_per_sec: 3,
-            ramp_ms,
-        })
+        Limits::new(
+            &RateLimits {
+                global_per_sec: 1_000,
+                per_user_per_sec: 2,
+                per_ip_per_sec: 3,
+                ramp_ms,
+            },
+            None,
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -213,12 +321,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn one_client_does_not_drain_the_global_quota() {
-        let l = Limits::new(&RateLimits {
-            global_per_sec: 10,
-            per_user_per_sec: 100,
-            per_ip_per_sec: 3,
-            ramp_ms: 0,
-        });
+        let l = Limits::new(
+            &RateLimits {
+                global_per_sec: 10,
+                per_user_per_sec: 100,
+                per_ip_per_sec: 3,
+                ramp_ms: 0,
+            },
+            None,
+        );
         let flooder: IpAddr = "203.0.113.9".parse().unwrap();
         let refused = (0..100)
             .filter(|u| l.check(*u, Some(flooder), None).is_err())

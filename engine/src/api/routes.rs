@@ -489,7 +489,7 @@ fn unauthenticated(e: super::identity::AuthError) -> ApiError {
 /// every route is limited): the client's, then — once the identity verifies — the user's, both
 /// before any store is read, so a loop of order polls or cancels is refused before it reaches the
 /// ledger's connection pool (which the workers' writes share).
-fn limited_caller<C, B, L, N>(
+async fn limited_caller<C, B, L, N>(
     api: &Shared<C, B, L, N>,
     headers: &HeaderMap,
     ip: Option<IpAddr>,
@@ -497,6 +497,7 @@ fn limited_caller<C, B, L, N>(
     api.limits.check_ip(ip).map_err(rate_limited)?;
     let me = caller(api, headers, None)?;
     api.limits.check_user(me.0).map_err(rate_limited)?;
+    api.limits.check_shared(me.0, false).await.map_err(rate_limited)?;
     Ok(me)
 }
 
@@ -526,8 +527,9 @@ fn caller<C, B, L, N>(
 /// The funnel's front, in order (DESIGN §12): the per-client limit, the caller's identity, then
 /// whatever memory can answer — not started, ended, paused, known sold out — and only then the
 /// per-user limit (charged to a verified user) and the ramp and global limit (a flooding client
-/// was stopped by its own limit before it could drain the shared one).
-fn front<C: StockCache, B: OrderBus, L, N>(
+/// was stopped by its own limit before it could drain the shared one); each of them first in this
+/// process, then in the layer every process shares.
+async fn front<C: StockCache, B: OrderBus, L, N>(
     api: &Shared<C, B, L, N>,
     activity: &Activity,
     headers: &HeaderMap,
@@ -544,6 +546,10 @@ fn front<C: StockCache, B: OrderBus, L, N>(
     api.limits.check_user(user.0).map_err(rate_limited)?;
     let since_open = api.clock.now_ms().checked_sub(activity.spec().start_ms);
     api.limits.check_global(since_open).map_err(rate_limited)?;
+    api.limits
+        .check_shared(user.0, true)
+        .await
+        .map_err(rate_limited)?;
     Ok(user)
 }
 
@@ -589,7 +595,7 @@ async fn issue_token<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let req = body::token_request(&bytes).map_err(ApiError::bad_input)?;
     let (activity, _) = known(&api, a)?;
     // Tokens only for the caller, inside the window, while the sale takes orders and has stock.
-    let user = front(&api, &activity, &headers, req.user_id, 1, ip)?;
+    let user = front(&api, &activity, &headers, req.user_id, 1, ip).await?;
     let nonce = api.token_rng.lock().unwrap_or_else(|p| p.into_inner()).next_u64();
     let (token, expires_at_ms) = api.signer.issue(a, user, api.clock.now_ms(), nonce);
     Ok(Json(TokenAnswer { token, expires_at_ms }))
@@ -674,7 +680,7 @@ async fn purchase_inner<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let a = id_from(id)?;
     let req = body::purchase_request(bytes).map_err(ApiError::bad_input)?;
     let (activity, _) = known(api, a)?;
-    let user = front(api, &activity, headers, req.user_id, req.qty, ip)?;
+    let user = front(api, &activity, headers, req.user_id, req.qty, ip).await?;
     let now = api.clock.now_ms();
     let token = api.signer.verify(&req.token, a, user, now).map_err(|e| {
         let status = if e.code == "token_malformed" {
@@ -742,7 +748,7 @@ async fn order_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 ) -> Result<Json<OrderAnswer>, ApiError> {
     let a = id_from(&id)?;
     let user = UserId(path_id("user", &user).map_err(ApiError::bad_input)?);
-    let me = limited_caller(&api, &headers, ip)?;
+    let me = limited_caller(&api, &headers, ip).await?;
     if me != user {
         return Err(no_order().field("user"));
     }
@@ -865,7 +871,7 @@ async fn cancel<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     let id = reservation_from(&r)?;
-    let me = limited_caller(&api, &headers, ip)?;
+    let me = limited_caller(&api, &headers, ip).await?;
     let order = (api.core.ledger.order(id).await)
         .map_err(|e| ApiError::internal("the ledger is unavailable; try again", e))?;
     if order.is_none_or(|o| o.reservation.user != me) {

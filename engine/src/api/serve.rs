@@ -88,6 +88,11 @@ fn export_at_zero(roles: crate::roles::Roles) {
     metrics::counter!("seckill_http_connections_refused_total").increment(0);
     metrics::counter!("seckill_refresh_errors_total").increment(0);
     metrics::counter!("seckill_jwks_reload_failures_total").increment(0);
+    if roles.api {
+        for scope in ["user", "global"] {
+            metrics::counter!("seckill_shared_limit_errors_total", "scope" => scope).increment(0);
+        }
+    }
     if roles.worker {
         crate::service::consumer::BatchReport::default().record();
         metrics::counter!("seckill_consumer_batch_failures_total").increment(0);
@@ -98,12 +103,14 @@ fn export_at_zero(roles: crate::roles::Roles) {
     }
 }
 
-/// The four stores a server runs on.
+/// The stores a server runs on.
 pub struct Stores<C, B, L, N> {
     pub cache: C,
     pub bus: B,
     pub ledger: L,
     pub nonces: N,
+    /// The rate limits every API process shares (real stores; one process needs none).
+    pub limiter: Option<crate::adapters::redis::RedisRateLimiter>,
 }
 
 impl
@@ -122,6 +129,7 @@ impl
             bus: b.bus,
             ledger: b.ledger,
             nonces: super::nonce::EmbeddedNonces::default(),
+            limiter: None,
         }
     }
 }
@@ -216,7 +224,7 @@ pub fn api<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
             CallbackVerifier::new(s.as_bytes())
                 .with_previous(cfg.payment_secret_previous.as_deref().map(str::as_bytes))
         }),
-        limits: Limits::new(&cfg.rate),
+        limits: Limits::new(&cfg.rate, stores.limiter),
         admin_token: secrets.admin_token.clone(),
         clock,
         trusted_proxy_header: cfg.trusted_proxy_header.clone(),

@@ -243,6 +243,7 @@ pub fn serve(
     roles: Option<crate::roles::Roles>,
     check_config: bool,
 ) -> ExitCode {
+    use crate::adapters::redis::RedisRateLimiter;
     use crate::api::config::ServeConfig;
     use crate::api::nonce::RedisNonces;
     use crate::api::serve::{self, Secrets, Stores};
@@ -423,12 +424,14 @@ pub fn serve(
             Some(s) => {
                 let real = RealBackend::connect(&s).await.map_err(|e| e.to_string())?;
                 let nonces = RedisNonces::new(real.cache.conn().clone());
+                let limiter = RedisRateLimiter::new(real.cache.conn().clone());
                 let bus = real.bus.clone();
                 let stores = Stores {
                     cache: real.cache,
                     bus: real.bus,
                     ledger: real.ledger,
                     nonces,
+                    limiter: Some(limiter),
                 };
                 let pool = stores.ledger.pool().clone();
                 let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;

@@ -62,6 +62,7 @@ fn harness_with(tweak: impl FnOnce(&mut ServeConfig)) -> Harness {
         bus: bus.clone(),
         ledger: ledger.clone(),
         nonces: EmbeddedNonces::default(),
+        limiter: None,
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let secrets = Secrets::resolve(&cfg, &mut rng);

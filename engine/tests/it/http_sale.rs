@@ -5,6 +5,7 @@
 
 use crate::real::{free_port, kafka, redis_single, unique_id, OwnDatabase};
 use rand::SeedableRng;
+use seckill_engine::adapters::redis::RedisRateLimiter;
 use seckill_engine::api::config::ServeConfig;
 use seckill_engine::api::nonce::{NonceStore, RedisNonces};
 use seckill_engine::api::serve::{self, Secrets, Stores};
@@ -168,12 +169,14 @@ async fn a_flash_sale_over_http_on_the_real_stores() {
     };
     let ledger = db.ledger().await;
     let nonces = RedisNonces::new(cache.conn().clone());
+    let limiter = Some(RedisRateLimiter::new(cache.conn().clone()));
     sale(
         Stores {
             cache,
             bus,
             ledger,
             nonces,
+            limiter,
         },
         unique_id(),
     )

@@ -9,6 +9,7 @@ mod bump;
 mod conformance;
 mod differential;
 mod e2e;
+mod limits;
 mod locks;
 mod outage;
 mod processes;

@@ -131,6 +131,75 @@ impl Drop for Proc {
     }
 }
 
+/// The settings every process of a test's topology shares: its stores and topic, the secrets.
+fn topology_env(
+    redis_url: String,
+    brokers: String,
+    database_url: &str,
+    topic: &str,
+) -> Vec<(String, String)> {
+    vec![
+        ("REDIS_URL".into(), redis_url),
+        ("KAFKA_BROKERS".into(), brokers),
+        ("DATABASE_URL".into(), database_url.into()),
+        ("SECKILL_TOPIC".into(), topic.into()),
+        ("SECKILL_TOKEN_SECRET".into(), SECRET.into()),
+        ("SECKILL_ADMIN_TOKEN".into(), ADMIN.into()),
+        ("SECKILL_JWT_SECRET".into(), JWT_SECRET.into()),
+        ("SECKILL_JWT_AUDIENCE".into(), AUDIENCE.into()),
+    ]
+}
+
+/// Processes of `roles`, named `<roles>-<i>`, on loopback ports of their own.
+fn procs<'a>(n: usize, roles: &'static str, env: &'a [(String, String)]) -> impl Iterator<Item = Proc> + 'a {
+    (0..n).map(move |i| Proc {
+        name: format!("{roles}-{i}"),
+        roles,
+        addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        env: env.to_vec(),
+        child: None,
+    })
+}
+
+/// Start them all: the first migrates the database, the others start once it is ready.
+async fn start_all(procs: &mut [Proc]) {
+    procs[0].start();
+    procs[0].ready().await;
+    for p in procs.iter_mut().skip(1) {
+        p.start();
+    }
+    for p in procs.iter() {
+        p.ready().await;
+    }
+}
+
+/// Create a sale (`spec`, open since a second ago) through the admin listener `admin`, and wait
+/// until every API process in `api` has learnt of it, as an operator creates a sale ahead of its
+/// start (every process loads it at its next registry refresh).
+async fn create_sale(admin: SocketAddr, api: &[SocketAddr], spec: Value) {
+    let (s, body) = http(admin, "POST", "/api/v1/admin/activities", Some(&spec), ADMIN)
+        .await
+        .unwrap();
+    assert_eq!(s, 201, "{body}");
+    for addr in api {
+        let path = format!("/api/v1/activities/{}", spec["id"]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !matches!(http(*addr, "GET", &path, None, "").await, Some((200, _))) {
+            assert!(Instant::now() < deadline, "{addr} never learnt of the activity");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Now, in ms since the epoch (a sale's times).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 /// A Redis server of the test's own, without persistence: a restart loses everything.
 struct Volatile {
     bin: String,
@@ -226,63 +295,28 @@ async fn the_production_topology_survives_kills_a_redis_loss_a_pause_and_a_zombi
     )
     .expect("a Kafka client");
     until_kafka_answers(&probe).await;
-    let env: Vec<(String, String)> = vec![
-        ("REDIS_URL".into(), format!("redis://127.0.0.1:{}", redis.port)),
-        ("KAFKA_BROKERS".into(), brokers),
-        ("DATABASE_URL".into(), db.url.clone()),
-        ("SECKILL_TOPIC".into(), topic.clone()),
-        ("SECKILL_TOKEN_SECRET".into(), SECRET.into()),
-        ("SECKILL_ADMIN_TOKEN".into(), ADMIN.into()),
-        ("SECKILL_JWT_SECRET".into(), JWT_SECRET.into()),
-        ("SECKILL_JWT_AUDIENCE".into(), AUDIENCE.into()),
-    ];
-    let proc = |name: String, roles| Proc {
-        name,
-        roles,
-        addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        env: env.clone(),
-        child: None,
-    };
-    // The first process migrates the database; the others start once it is ready.
-    let mut procs: Vec<Proc> = (0..3).map(|i| proc(format!("api-{i}"), "api")).collect();
-    procs.extend((0..2).map(|i| proc(format!("worker-{i}"), "worker")));
-    procs.extend((0..2).map(|i| proc(format!("jobs-{i}"), "jobs")));
-    procs[0].start();
-    procs[0].ready().await;
-    for p in procs.iter_mut().skip(1) {
-        p.start();
-    }
-    for p in &procs {
-        p.ready().await;
-    }
+    let env = topology_env(
+        format!("redis://127.0.0.1:{}", redis.port),
+        brokers,
+        &db.url,
+        &topic,
+    );
+    let mut procs: Vec<Proc> = procs(3, "api", &env)
+        .chain(procs(2, "worker", &env))
+        .chain(procs(2, "jobs", &env))
+        .collect();
+    start_all(&mut procs).await;
     let api: Vec<SocketAddr> = procs[..3].iter().map(|p| p.addr).collect();
     let admin: Vec<SocketAddr> = procs[..3].iter().map(|p| p.admin).collect();
 
     // The sale: 2,400 units for 3,000 users, so it sells through every fault; created through api-0.
     let activity = id;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
+    let now = now_ms();
     let spec = json!({
         "id": activity, "total_stock": 2400, "buckets": 8, "fallback_pct": 10,
         "start_ms": now - 1_000, "end_ms": now + 600_000, "pay_timeout_ms": 600_000,
     });
-    let (s, body) = http(admin[0], "POST", "/api/v1/admin/activities", Some(&spec), ADMIN)
-        .await
-        .unwrap();
-    assert_eq!(s, 201, "{body}");
-    // As an operator creates a sale ahead of its start: every API process has learnt of it (at
-    // its next registry refresh) before the first client arrives.
-    for addr in &api {
-        let path = format!("/api/v1/activities/{activity}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !matches!(http(*addr, "GET", &path, None, "").await, Some((200, _))) {
-            assert!(Instant::now() < deadline, "{addr} never learnt of the activity");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    create_sale(admin[0], &api, spec).await;
 
     // The fault schedule, drawn from the seed and printed: when (ms into the sale) and what.
     let kill_worker = rng.gen_range(0..2usize) + 3;
@@ -551,4 +585,87 @@ async fn metrics_of(addr: SocketAddr) -> String {
     let mut raw = Vec::new();
     let _ = stream.read_to_end(&mut raw).await;
     String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// The rate limits hold across processes (DESIGN §12): three API processes on one Redis admit a
+/// user's rate and the global rate once, not three times. A user at 1 request/s (a burst of 1)
+/// whose requests reach all three processes at once gets at most 1 + 1/s of them through; a
+/// crowd of users at a global 10/s gets at most 10 + 10/s. Each process's own layer alone would
+/// admit a user's first request in every process (3) and a global burst in every process (30).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_api_processes_share_the_user_and_global_rates() {
+    let (Some(redis), Some(brokers), Some(db)) = (
+        service("REDIS_URL"),
+        service("KAFKA_BROKERS"),
+        OwnDatabase::create().await,
+    ) else {
+        return;
+    };
+    let _heavy = super::HEAVY.lock().await;
+    let id = unique_id();
+    let mut env = topology_env(redis, brokers, &db.url, &format!("seckill.test.rates.{id}"));
+    env.extend(
+        [
+            ("SECKILL_RATE_PER_USER_PER_SEC", "1"),
+            ("SECKILL_RATE_GLOBAL_PER_SEC", "10"),
+            ("SECKILL_RATE_PER_IP_PER_SEC", "100000"),
+            ("SECKILL_RATE_RAMP_MS", "0"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    let mut procs: Vec<Proc> = procs(3, "api", &env).collect();
+    start_all(&mut procs).await;
+    let api: Vec<SocketAddr> = procs.iter().map(|p| p.addr).collect();
+    let now = now_ms();
+    let spec = json!({
+        "id": id, "total_stock": 1000, "buckets": 4, "fallback_pct": 10,
+        "start_ms": now - 1_000, "end_ms": now + 600_000, "pay_timeout_ms": 600_000,
+    });
+    create_sale(procs[0].admin, &api, spec).await;
+    let path = format!("/api/v1/activities/{id}/token");
+
+    // Token requests (the purchase funnel's front: per-user, then global), all at once, spread
+    // over the three processes: how many were admitted (200) and refused (429), over how long.
+    let burst = |users: Vec<u64>| {
+        let (api, path) = (api.clone(), path.clone());
+        async move {
+            let started = Instant::now();
+            let answers = futures::future::join_all(users.iter().enumerate().map(|(i, &user)| {
+                let (addr, path, me) = (api[i % 3], path.clone(), jwt(user));
+                async move { http(addr, "POST", &path, None, &me).await.map(|(s, _)| s) }
+            }))
+            .await;
+            let elapsed = started.elapsed().as_secs_f64();
+            let count = |s: u16| answers.iter().filter(|a| **a == Some(s)).count();
+            let (admitted, refused) = (count(200), count(429));
+            assert_eq!(
+                admitted + refused,
+                users.len(),
+                "every answer 200 or 429: {answers:?}"
+            );
+            (admitted, elapsed)
+        }
+    };
+
+    let user = id % 1_000_000;
+    let (admitted, elapsed) = burst(vec![user; 30]).await;
+    println!("rates: one user, 30 requests over 3 processes: {admitted} admitted in {elapsed:.2} s");
+    assert!(admitted >= 1, "the user's burst is admitted");
+    assert!(
+        admitted as f64 <= 1.0 + elapsed + 1.0,
+        "a user at 1/s got {admitted} requests through 3 processes in {elapsed:.2} s"
+    );
+
+    // The global key back at its full burst (10/s: 1.5 s is plenty), then 60 users at once.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let crowd: Vec<u64> = (1..=60).map(|u| user + 1_000 + u).collect();
+    let (admitted, elapsed) = burst(crowd).await;
+    println!("rates: 60 users over 3 processes: {admitted} admitted in {elapsed:.2} s");
+    assert!(admitted >= 10, "the global burst is admitted: {admitted}");
+    assert!(
+        admitted as f64 <= 10.0 + 10.0 * elapsed + 1.0,
+        "a global 10/s let {admitted} requests through 3 processes in {elapsed:.2} s"
+    );
+    drop(procs);
+    db.drop_it().await;
 }
