@@ -6,6 +6,7 @@
 --       gate (its value, or "" when missing)}
 -- op "meta":   KEYS[1] sk:{A}:meta          -> flat field/value list (empty when not warmed)
 -- op "buyer":  KEYS[1] sk:{A.b}:buyers  ARGV[2] user   -> 0 | 1
+-- op "open":   KEYS[1] sk:{A.b}:resv    ARGV[2] reservation id -> its outbox entry | nil
 -- Redis answers SMEMBERS and HGETALL in an order of its own (it depends on the encoding and the
 -- version); the views are sorted so that every server and the embedded model give the same reply.
 local function members(key)
@@ -45,5 +46,7 @@ elseif op == "meta" then
   return fields(KEYS[1])
 elseif op == "buyer" then
   return redis.call("SISMEMBER", KEYS[1], ARGV[2])
+elseif op == "open" then
+  return redis.call("HGET", KEYS[1], ARGV[2])
 end
 return redis.error_reply("ERR inspect: unknown op " .. tostring(op))

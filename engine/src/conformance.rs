@@ -195,6 +195,26 @@ where
             v
         });
         assert!(b1.open.contains(&r), "the open entry round-trips: {:?}", b1.open);
+        assert_eq!(
+            c.open_reservation(&plan, BucketNo(1), r.id)
+                .await
+                .unwrap()
+                .as_ref(),
+            Some(&r),
+            "one open entry, read alone"
+        );
+        assert_eq!(
+            c.open_reservation(&plan, BucketNo(0), r.id).await.unwrap(),
+            None,
+            "not open in another bucket"
+        );
+        assert_eq!(
+            c.open_reservation(&plan, BucketNo(1), ReservationId(r.id.0 ^ 1))
+                .await
+                .unwrap(),
+            None,
+            "no such reservation"
+        );
         // The summary is the snapshot without the buyer sets.
         let mut without_buyers = view.clone();
         without_buyers.buckets.iter_mut().for_each(|b| b.buyers.clear());
@@ -727,8 +747,14 @@ where
         assert!(c.holds(&plan, users[1]).await.unwrap(), "rejected keeps the mark");
         assert_eq!(stock_of(&c, &plan, BucketNo(0)).await, Some(5));
 
+        assert!(c.open_reservation(&plan, d.bucket, d.id).await.unwrap().is_some());
         assert!(c.settle(&d).await.unwrap(), "settle closes the reservation");
         assert!(!c.settle(&d).await.unwrap(), "settle is idempotent");
+        assert_eq!(
+            c.open_reservation(&plan, d.bucket, d.id).await.unwrap(),
+            None,
+            "a settled reservation is not open"
+        );
         assert!(
             !c.release(&d, ReleaseKind::Rejected).await.unwrap().is_released(),
             "a settled order is not open"

@@ -316,6 +316,15 @@ pub trait StockCache: Clone + Send + Sync + 'static {
     /// Does `user` hold a buyer mark in its own bucket (a unit, or a fallback attempt)?
     fn holds(&self, plan: &StockPlan, user: UserId) -> impl Future<Output = PortResult<bool>> + Send;
 
+    /// The reservation `id` if it is open in bucket `b`'s outbox (reserved, its order not yet
+    /// settled nor released): one key read, for an order's status while it is in flight.
+    fn open_reservation(
+        &self,
+        plan: &StockPlan,
+        b: BucketNo,
+        id: ReservationId,
+    ) -> impl Future<Output = PortResult<Option<Reservation>>> + Send;
+
     fn meta(&self, activity: ActivityId) -> impl Future<Output = PortResult<Option<MetaView>>> + Send;
 
     /// Write the operator's intent to every gate (one script per bucket); one outcome per

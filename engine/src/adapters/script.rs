@@ -419,6 +419,25 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
     }
 }
 
+/// An open reservation of bucket `b` from its outbox entry's value:
+/// "<user>|<qty>|<reserved_at_ms>|<generation>", and "|r" once the reconciler adopted it.
+fn outbox_entry(plan: &StockPlan, b: BucketNo, id: ReservationId, value: &str) -> Option<Reservation> {
+    let value_only = value.strip_suffix("|r").unwrap_or(value);
+    let parts: Result<Vec<u64>, _> = value_only.split('|').map(str::parse).collect();
+    let Ok([user, qty, at, generation]) = parts.as_deref() else {
+        return None;
+    };
+    Some(Reservation {
+        id,
+        activity: plan.activity,
+        user: UserId(*user),
+        bucket: b,
+        qty: u32::try_from(*qty).ok()?,
+        reserved_at_ms: *at,
+        generation: *generation,
+    })
+}
+
 /// One bucket's keys as the DESIGN §4 contract writes them — the stock, the buyer set's members,
 /// the `resv` and `xfer` hashes' fields, the gate — decoded into a `CacheBucket`. The one decoder of that
 /// contract: `inspect.lua`'s replies and a raw read of a keyspace (the simulation's checker)
@@ -472,22 +491,8 @@ pub fn decode_bucket<'a>(
             continue;
         }
         let id: ReservationId = field.parse().map_err(|_| unparsable("resv", field))?;
-        // "<user>|<qty>|<reserved_at_ms>|<generation>", and "|r" once the reconciler adopted it.
-        let value_only = value.strip_suffix("|r").unwrap_or(value);
-        let parts: Result<Vec<u64>, _> = value_only.split('|').map(str::parse).collect();
-        let Ok([user, qty, at, generation]) = parts.as_deref() else {
-            return Err(unparsable("resv", value));
-        };
-        let (user, qty, at, generation) = (*user, *qty, *at, *generation);
-        out.open.push(Reservation {
-            id,
-            activity: plan.activity,
-            user: UserId(user),
-            bucket: b,
-            qty: u32::try_from(qty).map_err(|_| unparsable("resv", value))?,
-            reserved_at_ms: at,
-            generation,
-        });
+        let open = outbox_entry(plan, b, id, value).ok_or_else(|| unparsable("resv", value))?;
+        out.open.push(open);
     }
     let mut acked = std::collections::BTreeSet::new();
     for (field, value) in xfer {
@@ -793,6 +798,33 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         match reply {
             Reply::Int(n @ (0 | 1)) => Ok(n == 1),
             other => Err(bad_reply("holds", &other)),
+        }
+    }
+
+    async fn open_reservation(
+        &self,
+        plan: &StockPlan,
+        b: BucketNo,
+        id: ReservationId,
+    ) -> PortResult<Option<Reservation>> {
+        let keys = vec![resv_key(plan.activity, b)];
+        let reply = self
+            .run(
+                "open reservation",
+                Script::Inspect,
+                keys,
+                vec!["open".into(), id.to_string()],
+            )
+            .await?;
+        match &reply {
+            Reply::Nil => Ok(None),
+            Reply::Bulk(v) => {
+                let v = String::from_utf8_lossy(v);
+                outbox_entry(plan, b, id, &v).map(Some).ok_or_else(|| {
+                    PortError::determinate("open reservation", format!("cannot parse resv entry {v:?}"))
+                })
+            }
+            other => Err(bad_reply("open reservation", other)),
         }
     }
 

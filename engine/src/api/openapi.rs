@@ -36,7 +36,7 @@ pub fn document() -> &'static str {
                        Buyers' routes and the payment callback are on the public listener; the \
                        operator's routes, /metrics and /readyz on the admin listener."
     ),
-    paths(issue_token, purchase, activity_view, order_view, cancel, admin_create, admin_warmup, admin_pause, admin_resume, admin_close, admin_reconcile, admin_audit, openapi, metrics, healthz, readyz, payment_callback, admin_order_view, admin_cancel),
+    paths(issue_token, purchase, activity_view, order_view, reservation_view, cancel, admin_create, admin_warmup, admin_pause, admin_resume, admin_close, admin_reconcile, admin_audit, openapi, metrics, healthz, readyz, payment_callback, admin_order_view, admin_cancel),
     components(schemas(
         ErrorAnswer, TokenRequest, TokenAnswer, PurchaseBody, Queued, OrderAnswer, ActivityView,
         ActivitySpec, CallbackBody
@@ -210,6 +210,28 @@ fn activity_view() {}
 )]
 #[allow(dead_code)] // read by utoipa only
 fn order_view() {}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/activities/{id}/reservations/{reservation}",
+    tag = "buyer",
+    summary = "One reservation's status, by the id a 202 answered: \"queued\" from Redis while it is in flight (poll this one), then its order's",
+    params(
+        ("id" = u64, Path, minimum = 1, description = "activity id"),
+        ("reservation" = String, Path, pattern = "^[0-9a-f]{32}$"),
+    ),
+    responses(
+        (status = 200, description = "status", body = OrderAnswer),
+        (status = 400, description = "bad id", body = ErrorAnswer),
+        (status = 404, description = "no such activity or reservation, or another user's (existence is not revealed)", body = ErrorAnswer),
+        (status = 429, description = "rate limited (Retry-After)", body = ErrorAnswer),
+        (status = 503, description = "a store is down", body = ErrorAnswer),
+        (status = 401, description = "no identity, or an expired or badly signed JWT (WWW-Authenticate: Bearer)", body = ErrorAnswer),
+    ),
+    security(("user" = [])),
+)]
+#[allow(dead_code)] // read by utoipa only
+fn reservation_view() {}
 
 #[utoipa::path(
     post,

@@ -9,7 +9,7 @@ use crate::jobs::{self, ReconcileConfig};
 use crate::ports::{CancelOutcome, GateWrite, Ledger, OrderBus, PayOutcome, ReleaseKind, StockCache};
 use crate::service::admin::{AdminError, Warmed};
 use crate::service::consumer::ORDER_GROUP;
-use crate::service::{audit, order_status, PurchaseError, PurchaseOutcome};
+use crate::service::{audit, order_status, reservation_status, PurchaseError, PurchaseOutcome};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, MatchedPath, Path, Request, State};
 use axum::http::request::Parts;
@@ -31,6 +31,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/activities/{id}/purchase"),
     ("get", "/api/v1/activities/{id}"),
     ("get", "/api/v1/activities/{id}/orders/{user}"),
+    ("get", "/api/v1/activities/{id}/reservations/{reservation}"),
     ("post", "/api/v1/orders/{reservation}/cancel"),
     ("post", "/api/v1/payments/callback"),
     ("get", "/api/v1/openapi.json"),
@@ -81,6 +82,10 @@ where
         .route(
             "/api/v1/activities/{id}/orders/{user}",
             get(order_view::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/activities/{id}/reservations/{reservation}",
+            get(reservation_view::<C, B, L, N>),
         )
         .route("/api/v1/orders/{reservation}/cancel", post(cancel::<C, B, L, N>))
         .route("/api/v1/payments/callback", post(payment_callback::<C, B, L, N>))
@@ -765,6 +770,29 @@ async fn order_of_user<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let view = order_status(&api.core.cache, &api.core.ledger, &plan, user)
         .await
         .map_err(|e| ApiError::internal("the order's status is unavailable; try again", e))?;
+    Ok(Json(OrderAnswer {
+        state: view.state,
+        reservation_id: view.reservation.map(|r| r.to_string()),
+    }))
+}
+
+/// One of the caller's reservations, by the id its 202 answered: "queued" from Redis while it is
+/// in flight, so a client polling through the burst never reaches the ledger (DESIGN §12).
+async fn reservation_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    Path((id, r)): Path<(String, String)>,
+    ClientIp(ip): ClientIp,
+    headers: HeaderMap,
+) -> Result<Json<OrderAnswer>, ApiError> {
+    let a = id_from(&id)?;
+    let r = reservation_from(&r)?;
+    let me = limited_caller(&api, &headers, ip).await?;
+    known(&api, a)?;
+    let plan = api.core.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    let view = reservation_status(&api.core.cache, &api.core.ledger, &plan, me, r)
+        .await
+        .map_err(|e| ApiError::internal("the reservation's status is unavailable; try again", e))?
+        .ok_or_else(no_order)?;
     Ok(Json(OrderAnswer {
         state: view.state,
         reservation_id: view.reservation.map(|r| r.to_string()),

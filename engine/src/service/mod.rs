@@ -10,4 +10,4 @@ pub mod status;
 
 pub use consumer::{BatchReport, OrderConsumer};
 pub use purchase::{PurchaseConfig, PurchaseError, PurchaseOutcome, PurchaseService, Unserved};
-pub use status::{order_status, OrderState, StatusView};
+pub use status::{order_status, reservation_status, OrderState, StatusView};

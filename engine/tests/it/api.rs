@@ -570,6 +570,67 @@ async fn callback(h: &Harness, body: &str, secret: &str, t: u64) -> (StatusCode,
     .await
 }
 
+/// A reservation's status by the id its 202 answered: "queued" from Redis while its outbox
+/// entry is open — even once the ledger holds the order and before Redis settled it, which shows
+/// the ledger was not asked — then the ledger's word; another user's, an unknown one and a
+/// malformed id answer as they must.
+#[tokio::test]
+async fn a_reservation_in_flight_is_answered_from_redis() {
+    let h = harness();
+    h.open(1, 10).await;
+    let (seven, eight) = (h.jwt(7), h.jwt(8));
+    let as7 = [("authorization", seven.as_str())];
+    let as8 = [("authorization", eight.as_str())];
+    let (_, q, _) = h.buy(1, 7).await;
+    let rid = q["reservation_id"].as_str().unwrap().to_string();
+    let path = format!("/api/v1/activities/1/reservations/{rid}");
+    let (s, queued, _) = at(&h, "GET", &path, None, &as7).await;
+    assert_eq!(
+        (s, queued["state"].as_str()),
+        (StatusCode::OK, Some("queued")),
+        "{queued}"
+    );
+    assert_eq!(queued["reservation_id"].as_str(), Some(rid.as_str()));
+
+    // The ledger takes the order; Redis has not settled it yet.
+    let plan = h.api.core.service.plan(ActivityId(1)).unwrap();
+    let cache = ScriptedStockCache::new(h.redis.clone());
+    let open: Vec<_> = (cache.snapshot(&plan).await.unwrap().buckets)
+        .into_iter()
+        .flat_map(|b| b.open)
+        .collect();
+    assert_eq!(open.len(), 1, "{open:?}");
+    h.ledger.apply(&open).await.unwrap();
+    let (_, by_user, _) = at(&h, "GET", "/api/v1/activities/1/orders/7", None, &as7).await;
+    assert_eq!(
+        by_user["state"], "created",
+        "the user's order view asks the ledger first"
+    );
+    let (_, still, _) = at(&h, "GET", &path, None, &as7).await;
+    assert_eq!(
+        still["state"], "queued",
+        "answered from Redis alone while the entry is open"
+    );
+
+    h.drain().await;
+    let (s, created, _) = at(&h, "GET", &path, None, &as7).await;
+    assert_eq!((s, created["state"].as_str()), (StatusCode::OK, Some("created")));
+
+    let (s, body, _) = at(&h, "GET", &path, None, &as8).await;
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::NOT_FOUND, "unknown_order"),
+        "another user's"
+    );
+    let unknown = format!("/api/v1/activities/1/reservations/{}", "0".repeat(32));
+    let (s, body, _) = at(&h, "GET", &unknown, None, &as7).await;
+    assert_eq!((s, code(&body)), (StatusCode::NOT_FOUND, "unknown_order"));
+    let (s, body, _) = at(&h, "GET", "/api/v1/activities/1/reservations/xyz", None, &as7).await;
+    assert_eq!((s, code(&body)), (StatusCode::BAD_REQUEST, "invalid_input"));
+    let (s, _, _) = at(&h, "GET", &path, None, &[]).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+}
+
 #[tokio::test]
 async fn status_payment_callback_and_cancel_belong_to_their_owner() {
     let h = harness();
@@ -1089,6 +1150,14 @@ async fn authorization_matrix_every_route_times_every_identity() {
         (
             "GET",
             "/api/v1/activities/1/orders/7",
+            Expect::User {
+                another: 404,
+                owner: 200,
+            },
+        ),
+        (
+            "GET",
+            "/api/v1/activities/1/reservations/{rid}",
             Expect::User {
                 another: 404,
                 owner: 200,
