@@ -29,6 +29,7 @@ pub fn activity(id: u64, stock: u64, buckets: u32, fallback_pct: u8) -> Activity
         start_ms: 0,
         end_ms: u64::MAX,
         pay_timeout_ms: 60_000,
+        unit_price_minor: 1_999,
     })
     .expect("conformance activities are valid")
 }

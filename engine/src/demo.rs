@@ -151,6 +151,7 @@ pub async fn run_on<C: StockCache, B: OrderBus, L: Ledger>(
         start_ms: wall_now_ms,
         end_ms: wall_now_ms + 3_600_000,
         pay_timeout_ms: 900_000,
+        unit_price_minor: 0,
     })?;
     let plan = StockPlan::new(&activity);
     ledger.install(&activity, &plan).await?;

@@ -112,7 +112,7 @@ fn parse_kind(s: &str) -> PortResult<JournalKind> {
 const ORDER_COLUMNS: &str =
     "reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, status, generation";
 const ACTIVITY_COLUMNS: &str = "id, total_stock, bucket_count, fallback_pct, per_user_limit, start_ms, \
-                                end_ms, pay_timeout_ms, state, intent_version, generation";
+                                end_ms, pay_timeout_ms, unit_price_minor, state, intent_version, generation";
 /// The registry: the activity row and its generation's own row (which the batches lock, so that
 /// the operator's intent writes on the activity row never wait for them).
 const REGISTRY: &str = "activity JOIN activity_generation ON activity_generation.activity_id = activity.id";
@@ -130,6 +130,7 @@ fn registered_of_row(row: &MySqlRow) -> PortResult<Registered> {
         start_ms: row.try_get("start_ms").map_err(get)?,
         end_ms: row.try_get("end_ms").map_err(get)?,
         pay_timeout_ms: row.try_get("pay_timeout_ms").map_err(get)?,
+        unit_price_minor: row.try_get("unit_price_minor").map_err(get)?,
     };
     let activity = Activity::new(spec)
         .map_err(|e| PortError::determinate(op, format!("stored activity {id} is invalid: {e}")))?;
@@ -532,7 +533,8 @@ impl MysqlLedger {
         let mut tx = self.pool.begin().await?;
         let created = sqlx::query(
             "INSERT IGNORE INTO activity (id, total_stock, bucket_count, fallback_pct, per_user_limit, \
-             start_ms, end_ms, pay_timeout_ms, plan_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             start_ms, end_ms, pay_timeout_ms, unit_price_minor, plan_version) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(s.id.0)
         .bind(s.total_stock)
@@ -542,6 +544,7 @@ impl MysqlLedger {
         .bind(s.start_ms)
         .bind(s.end_ms)
         .bind(s.pay_timeout_ms)
+        .bind(s.unit_price_minor)
         .bind(&plan.version)
         .execute(&mut *tx)
         .await?

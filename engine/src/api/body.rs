@@ -213,7 +213,7 @@ pub fn purchase_request(bytes: &[u8]) -> Result<PurchaseRequest, FieldError> {
 }
 
 /// The fields of `POST /api/v1/admin/activities` (`api::openapi`'s schema must list exactly these).
-pub(crate) const ACTIVITY_SPEC_FIELDS: [&str; 8] = [
+pub(crate) const ACTIVITY_SPEC_FIELDS: [&str; 9] = [
     "id",
     "total_stock",
     "buckets",
@@ -222,6 +222,7 @@ pub(crate) const ACTIVITY_SPEC_FIELDS: [&str; 8] = [
     "start_ms",
     "end_ms",
     "pay_timeout_ms",
+    "unit_price_minor",
 ];
 
 /// `POST /api/v1/admin/activities`: an `ActivitySpec` (validated by `Activity::new` after this).
@@ -236,7 +237,8 @@ pub fn activity_spec(bytes: &[u8]) -> Result<ActivitySpec, FieldError> {
         per_user_limit: u64_field(&map, "per_user_limit", 0..=u32::MAX as u64)?.unwrap_or(1) as u32,
         start_ms: required_u64(&map, "start_ms", all.clone())?,
         end_ms: required_u64(&map, "end_ms", all.clone())?,
-        pay_timeout_ms: required_u64(&map, "pay_timeout_ms", all)?,
+        pay_timeout_ms: required_u64(&map, "pay_timeout_ms", all.clone())?,
+        unit_price_minor: u64_field(&map, "unit_price_minor", all)?.unwrap_or(0),
     })
 }
 

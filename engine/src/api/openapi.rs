@@ -121,6 +121,10 @@ struct ActivitySpec {
     start_ms: u64,
     end_ms: u64,
     pay_timeout_ms: u64,
+    /// The price of one unit in the currency's minor unit (cents): a payment callback must say
+    /// its order's quantity times this was paid.
+    #[schema(default = 0)]
+    unit_price_minor: Option<u64>,
 }
 
 // One function per operation, for `#[utoipa::path]` (see the module's comment).

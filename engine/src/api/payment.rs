@@ -124,6 +124,8 @@ fn decode_hex(s: &str) -> Option<Vec<u8>> {
 pub struct Callback {
     pub payment_id: String,
     pub reservation: ReservationId,
+    /// What the buyer paid, in the currency's minor unit (signed with the rest of the body).
+    pub amount_minor: u64,
 }
 
 // As sent, and as the OpenAPI document describes it (doc comments are its descriptions).
@@ -137,6 +139,9 @@ pub(crate) struct CallbackBody {
     payment_id: String,
     #[schema(pattern = "^[0-9a-f]{32}$")]
     reservation_id: String,
+    /// What the buyer paid, in the currency's minor unit (cents): the order's quantity times
+    /// the activity's `unit_price_minor`, or the callback is refused and nothing is paid.
+    amount_minor: u64,
 }
 
 /// Decoded with `serde_path_to_error`-style naming: every refusal names its field.
@@ -161,6 +166,7 @@ pub fn callback(bytes: &[u8]) -> Result<Callback, FieldError> {
     Ok(Callback {
         payment_id: raw.payment_id,
         reservation,
+        amount_minor: raw.amount_minor,
     })
 }
 
@@ -229,21 +235,41 @@ mod tests {
 
     #[test]
     fn callback_bodies_name_their_field() {
-        let ok =
-            callback(br#"{"payment_id":"p-1","reservation_id":"0000000000000000000000000000000a"}"#).unwrap();
-        assert_eq!(ok.payment_id, "p-1");
+        let ok = callback(
+            br#"{"payment_id":"p-1","reservation_id":"0000000000000000000000000000000a","amount_minor":1999}"#,
+        )
+        .unwrap();
+        assert_eq!((ok.payment_id.as_str(), ok.amount_minor), ("p-1", 1999));
         let field = |b: &[u8]| callback(b).unwrap_err().field;
         assert_eq!(
-            field(br#"{"payment_id":"p 1","reservation_id":"0a"}"#),
+            field(br#"{"payment_id":"p 1","reservation_id":"0a","amount_minor":1}"#),
             "payment_id"
         );
         assert_eq!(
-            field(br#"{"payment_id":"p1","reservation_id":"xyz"}"#),
+            field(br#"{"payment_id":"p1","reservation_id":"xyz","amount_minor":1}"#),
             "reservation_id"
         );
-        assert_eq!(field(br#"{"payment_id":"p1"}"#), "reservation_id");
-        assert_eq!(field(br#"{"payment_id":5,"reservation_id":"0a"}"#), "payment_id");
-        assert_eq!(field(br#"{"payment_id":"p1","reservation_id":"0a","x":1}"#), "x");
+        assert_eq!(
+            field(br#"{"payment_id":"p1","amount_minor":1}"#),
+            "reservation_id"
+        );
+        assert_eq!(
+            field(br#"{"payment_id":"p1","reservation_id":"0a"}"#),
+            "amount_minor",
+            "the amount is part of what the provider signs"
+        );
+        assert_eq!(
+            field(br#"{"payment_id":"p1","reservation_id":"0a","amount_minor":-1}"#),
+            "amount_minor"
+        );
+        assert_eq!(
+            field(br#"{"payment_id":5,"reservation_id":"0a","amount_minor":1}"#),
+            "payment_id"
+        );
+        assert_eq!(
+            field(br#"{"payment_id":"p1","reservation_id":"0a","amount_minor":1,"x":1}"#),
+            "x"
+        );
         assert_eq!(field(b"nope"), "body");
     }
 }

@@ -345,6 +345,7 @@ pub(super) fn export_at_zero() {
         "not_payable",
         "unknown",
         "bad_signature",
+        "wrong_amount",
     ] {
         metrics::counter!("seckill_payment_callbacks_total", "outcome" => outcome).increment(0);
     }
@@ -637,6 +638,8 @@ pub(super) struct ActivityView {
     start_ms: u64,
     end_ms: u64,
     pay_timeout_ms: u64,
+    /// The price of one unit, in the currency's minor unit.
+    unit_price_minor: u64,
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -741,6 +744,7 @@ async fn activity_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         start_ms: s.start_ms,
         end_ms: s.end_ms,
         pay_timeout_ms: s.pay_timeout_ms,
+        unit_price_minor: s.unit_price_minor,
     }))
 }
 
@@ -845,6 +849,41 @@ async fn payment_callback<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         ApiError::new(StatusCode::UNAUTHORIZED, "bad_signature", e.0).field("x-seckill-signature")
     })?;
     let cb = super::payment::callback(&bytes).map_err(ApiError::bad_input)?;
+    let unavailable = |e| ApiError::internal("the ledger is unavailable; send the callback again", e);
+    let Some(order) = api.core.ledger.order(cb.reservation).await.map_err(unavailable)? else {
+        paid_metric("unknown");
+        return Err(no_order().field("reservation_id"));
+    };
+    // The amount is signed with the rest of the body: an order is paid by its own price only
+    // (its quantity times the activity's unit price). Any other amount pays nothing.
+    let a = order.reservation.activity;
+    let activity = match api.core.service.activity(a) {
+        Some((activity, _)) => Some(activity),
+        None => api.core.ledger.activity(a).await.map_err(unavailable)?,
+    };
+    let due = activity.map(|x| {
+        x.spec()
+            .unit_price_minor
+            .saturating_mul(u64::from(order.reservation.qty))
+    });
+    if due != Some(cb.amount_minor) {
+        paid_metric("wrong_amount");
+        tracing::warn!(
+            target: "seckill::audit",
+            request_id = %REQUEST_ID.try_with(Clone::clone).unwrap_or_default(),
+            reservation = %cb.reservation,
+            payment = %cb.payment_id,
+            amount_minor = cb.amount_minor,
+            due_minor = ?due,
+            "payment callback refused: the amount is not the order's"
+        );
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "wrong_amount",
+            "the amount paid is not the order's price; nothing was paid, this payment is to be refunded",
+        )
+        .field("amount_minor"));
+    }
     let outcome = api
         .core
         .ledger

@@ -519,6 +519,7 @@ pub fn bench_activity(id: u64, stock: u64) -> Activity {
         start_ms: 0,
         end_ms: u64::MAX,
         pay_timeout_ms: 900_000,
+        unit_price_minor: 0,
     })
     .expect("a valid bench activity")
 }

@@ -23,6 +23,10 @@ pub struct ActivitySpec {
     pub start_ms: u64,
     pub end_ms: u64,
     pub pay_timeout_ms: u64,
+    /// The price of one unit in the currency's minor unit (cents): what the payment provider's
+    /// callback must say was paid for an order (its quantity times this). 0: free.
+    #[serde(default)]
+    pub unit_price_minor: u64,
 }
 
 /// A validated activity (deserializing validates too).
@@ -166,6 +170,7 @@ mod tests {
             start_ms: 1_000,
             end_ms: 2_000,
             pay_timeout_ms: 900_000,
+            unit_price_minor: 0,
         }
     }
 

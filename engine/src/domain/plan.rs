@@ -120,6 +120,7 @@ mod tests {
             start_ms: 0,
             end_ms: 1,
             pay_timeout_ms: 1,
+            unit_price_minor: 0,
         })
         .unwrap()
     }

@@ -26,6 +26,8 @@ use tower::ServiceExt;
 type TestApi = Shared<ScriptedStockCache<TestRedis>, EmbeddedBus, EmbeddedLedger, EmbeddedNonces>;
 
 const ADMIN: &str = "admin-token-0123456789";
+/// The price of a unit in the harness's sales (minor units): what a payment callback must say.
+const PRICE: u64 = 1_999;
 const JWT_SECRET: &str = "jwt-secret-of-the-login-service-0123";
 
 struct Harness {
@@ -145,7 +147,7 @@ impl Harness {
         let spec = json!({
             "id": id, "total_stock": stock, "buckets": buckets, "fallback_pct": 0,
             "start_ms": (self.now_ms as i64 + start) as u64, "end_ms": (self.now_ms as i64 + end) as u64,
-            "pay_timeout_ms": 60_000,
+            "pay_timeout_ms": 60_000, "unit_price_minor": PRICE,
         });
         let (status, body, _) = call(
             &self.admin,
@@ -668,7 +670,19 @@ async fn status_payment_callback_and_cancel_belong_to_their_owner() {
 
     // Paid only by the provider's signed callback; the same payment again is the same answer.
     let now_s = h.now_ms / 1_000;
-    let paid = json!({ "payment_id": "pay-1", "reservation_id": rid }).to_string();
+    // The amount is signed with the rest: any other than the order's price pays nothing.
+    for wrong in [0, PRICE - 1, PRICE + 1, 2 * PRICE] {
+        let short = json!({ "payment_id": "pay-0", "reservation_id": rid, "amount_minor": wrong });
+        let (s, body, _) = callback(&h, &short.to_string(), PAYMENT_SECRET, now_s).await;
+        assert_eq!(
+            (s, code(&body), body["error"]["field"].as_str()),
+            (StatusCode::CONFLICT, "wrong_amount", Some("amount_minor")),
+            "{wrong}"
+        );
+    }
+    let (_, still, _) = at(&h, "GET", "/api/v1/activities/1/orders/7", None, &as7).await;
+    assert_eq!(still["state"], "created", "a wrong amount paid nothing");
+    let paid = json!({ "payment_id": "pay-1", "reservation_id": rid, "amount_minor": PRICE }).to_string();
     let (s, body, _) = callback(&h, &paid, "forged-secret-000000", now_s).await;
     assert_eq!((s, code(&body)), (StatusCode::UNAUTHORIZED, "bad_signature"));
     let (s, body, _) = callback(&h, &paid, PAYMENT_SECRET, now_s - 301).await;
@@ -685,7 +699,7 @@ async fn status_payment_callback_and_cancel_belong_to_their_owner() {
             "{body}"
         );
     }
-    let other = json!({ "payment_id": "pay-2", "reservation_id": rid }).to_string();
+    let other = json!({ "payment_id": "pay-2", "reservation_id": rid, "amount_minor": PRICE }).to_string();
     let (s, body, _) = callback(&h, &other, PAYMENT_SECRET, now_s).await;
     assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "already_paid"));
     let (s, body, _) = at(&h, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &as7).await;
@@ -707,14 +721,15 @@ async fn status_payment_callback_and_cancel_belong_to_their_owner() {
     );
     let (s, _, _) = at(&h, "POST", &format!("/api/v1/orders/{rid}/cancel"), None, &as8).await;
     assert_eq!(s, StatusCode::OK, "cancel is idempotent");
-    let late = json!({ "payment_id": "pay-3", "reservation_id": rid }).to_string();
+    let late = json!({ "payment_id": "pay-3", "reservation_id": rid, "amount_minor": PRICE }).to_string();
     let (s, body, _) = callback(&h, &late, PAYMENT_SECRET, now_s).await;
     assert_eq!(
         (s, code(&body)),
         (StatusCode::CONFLICT, "order_cancelled"),
         "a payment after the cancel is refunded"
     );
-    let unknown = json!({ "payment_id": "pay-4", "reservation_id": "0".repeat(32) }).to_string();
+    let unknown =
+        json!({ "payment_id": "pay-4", "reservation_id": "0".repeat(32), "amount_minor": PRICE }).to_string();
     let (s, body, _) = callback(&h, &unknown, PAYMENT_SECRET, now_s).await;
     assert_eq!((s, code(&body)), (StatusCode::NOT_FOUND, "unknown_order"));
 
@@ -1250,7 +1265,7 @@ async fn authorization_matrix_every_route_times_every_identity() {
             let body = if path.ends_with("/purchase") {
                 json!({ "token": token }).to_string()
             } else if path.ends_with("/callback") {
-                json!({ "payment_id": "pay-1", "reservation_id": rid }).to_string()
+                json!({ "payment_id": "pay-1", "reservation_id": rid, "amount_minor": PRICE }).to_string()
             } else if path.ends_with("/admin/activities") {
                 json!({
                     "id": 2, "total_stock": 5, "buckets": 1, "fallback_pct": 0,

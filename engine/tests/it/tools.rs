@@ -94,6 +94,7 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
         start_ms: now - 1_000,
         end_ms: now + 3_600_000,
         pay_timeout_ms: 900_000,
+        unit_price_minor: 0,
     })
     .unwrap();
     api.core.create(&activity).await.unwrap();

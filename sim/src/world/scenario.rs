@@ -386,6 +386,7 @@ pub(super) fn activity(cfg: &SimConfig) -> Activity {
         start_ms: SIM_EPOCH_MS + 20,
         end_ms: SIM_EPOCH_MS + 3_600_000,
         pay_timeout_ms: cfg.pay_timeout_ms,
+        unit_price_minor: 0,
     })
     .expect("simulation activities are valid")
 }

@@ -551,6 +551,7 @@ fn ledger_model_matches_mariadb() {
                 start_ms: 0,
                 end_ms: 1_000_000,
                 pay_timeout_ms: 50,
+                unit_price_minor: 0,
             })
             .unwrap();
             let model = EmbeddedLedger::new();
