@@ -61,8 +61,11 @@ pub struct Limits {
 /// leased a few permits at a time (a fiftieth of a second's worth), so that the global limit
 /// costs each process at most about fifty Redis calls a second however busy it is. A lease not
 /// spent within `LEASE_FOR` is dropped: permits counted and not used, never permits used twice.
-/// Redis failing fails open (counted, and the process's own layer still holds): the purchase
-/// that follows needs Redis anyway and answers 503 without it, and the order routes stay up.
+/// A global lease refused is remembered until Redis said to come back: a flood costs no Redis
+/// call per refused request. Redis failing fails open (counted, and the process's own layer
+/// still holds) and is not asked again for `STAND_ASIDE`: a request does not wait for a store
+/// that is down before it is answered — the purchase that follows needs Redis anyway and answers
+/// 503 at once without it, and the order routes stay up.
 pub struct SharedLimits {
     store: RedisRateLimiter,
     per_user_per_sec: u32,
@@ -70,16 +73,22 @@ pub struct SharedLimits {
     lease: std::sync::Mutex<Lease>,
     /// One refill of the lease at a time (the others wait for it and share what it took).
     refill: tokio::sync::Mutex<()>,
+    /// Until when the shared limits stand aside after Redis failed to answer them.
+    aside_until: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 #[derive(Default)]
 struct Lease {
     left: u32,
     until: Option<tokio::time::Instant>,
+    /// The last refill was refused: no permit before then.
+    refused_until: Option<tokio::time::Instant>,
 }
 
 /// How long leased global permits may be spent.
 const LEASE_FOR: Duration = Duration::from_millis(50);
+/// How long the shared limits stand aside after Redis failed to answer them.
+const STAND_ASIDE: Duration = Duration::from_secs(1);
 
 impl SharedLimits {
     pub fn new(store: RedisRateLimiter, cfg: &RateLimits) -> SharedLimits {
@@ -89,16 +98,23 @@ impl SharedLimits {
             global_per_sec: cfg.global_per_sec.max(1),
             lease: Default::default(),
             refill: Default::default(),
+            aside_until: Default::default(),
         }
     }
 
     async fn acquire(&self, scope: &'static str, key: &str, per_sec: u32, cost: u32) -> Result<(), Limited> {
+        let aside = *self.aside_until.lock().unwrap_or_else(|p| p.into_inner());
+        if aside.is_some_and(|u| tokio::time::Instant::now() < u) {
+            return Ok(());
+        }
         match self.store.acquire(key, per_sec, per_sec, cost).await {
             Ok(Admission::Admitted) => Ok(()),
             Ok(Admission::Refused { retry_after }) => Err(Limited { scope, retry_after }),
             Err(e) => {
                 metrics::counter!("seckill_shared_limit_errors_total", "scope" => scope).increment(1);
                 tracing::debug!(scope, error = %e, "the shared rate limit is unavailable; admitted");
+                *self.aside_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(tokio::time::Instant::now() + STAND_ASIDE);
                 Ok(())
             }
         }
@@ -109,34 +125,51 @@ impl SharedLimits {
             .await
     }
 
-    /// One permit of the leased global limit.
-    fn spend(&self) -> bool {
+    /// One permit of the leased global limit: `Some(Ok)` spent, `Some(Err)` refused until Redis
+    /// said to come back, `None` a refill is due.
+    fn spend(&self) -> Option<Result<(), Limited>> {
+        let now = tokio::time::Instant::now();
         let mut lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
-        let live = lease.until.is_some_and(|u| tokio::time::Instant::now() < u);
-        if live && lease.left > 0 {
-            lease.left -= 1;
-            return true;
+        if let Some(until) = lease.refused_until.filter(|u| now < *u) {
+            let retry_after = until - now;
+            return Some(Err(Limited {
+                scope: "global",
+                retry_after,
+            }));
         }
-        false
+        if lease.until.is_some_and(|u| now < u) && lease.left > 0 {
+            lease.left -= 1;
+            return Some(Ok(()));
+        }
+        None
     }
 
     async fn global(&self) -> Result<(), Limited> {
-        if self.spend() {
-            return Ok(());
+        if let Some(spent) = self.spend() {
+            return spent;
         }
         let _one = self.refill.lock().await;
-        // Another request refilled the lease while this one waited.
-        if self.spend() {
-            return Ok(());
+        // Another request refilled the lease (or was refused) while this one waited.
+        if let Some(spent) = self.spend() {
+            return spent;
         }
         let size = (self.global_per_sec / 50).max(1);
-        self.acquire("global", "sk:rl:{global}", self.global_per_sec, size)
-            .await?;
-        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = Lease {
-            left: size - 1,
-            until: Some(tokio::time::Instant::now() + LEASE_FOR),
+        let got = self
+            .acquire("global", "sk:rl:{global}", self.global_per_sec, size)
+            .await;
+        let now = tokio::time::Instant::now();
+        *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = match &got {
+            Ok(()) => Lease {
+                left: size - 1,
+                until: Some(now + LEASE_FOR),
+                refused_until: None,
+            },
+            Err(l) => Lease {
+                refused_until: Some(now + l.retry_after),
+                ..Lease::default()
+            },
         };
-        Ok(())
+        got
     }
 }
 

@@ -281,3 +281,45 @@ async fn kafka_stopped_leaves_reservations_open_and_orders_appear_after_it_retur
     assert_eq!(bus.known_down(), None, "the probe saw it back");
     queued(svc.purchase(a.id(), UserId(3), 1).await);
 }
+
+/// The rate limits every API process shares fail open while Redis is down (counted; each
+/// process's own limits still hold), and stand aside for a while rather than make every request
+/// wait for the store first: the purchase that follows answers 503 itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_limits_admit_while_redis_is_down() {
+    use seckill_engine::adapters::redis::RedisRateLimiter;
+    use seckill_engine::api::config::RateLimits;
+    use seckill_engine::api::limits::Limits;
+    let Some(bin) = service("REDIS_SERVER_BIN") else {
+        return;
+    };
+    let mut redis = OwnRedis::start(bin);
+    let mut cfg = RedisConfig::single(&redis.url());
+    cfg.timeout = Duration::from_millis(300);
+    let cache = connect_stock_cache(&cfg).await.expect("connect");
+    let rates = RateLimits {
+        global_per_sec: 1_000,
+        per_user_per_sec: 1,
+        per_ip_per_sec: 1_000,
+        ramp_ms: 0,
+    };
+    let limits = Limits::new(&rates, Some(RedisRateLimiter::new(cache.conn().clone())));
+    let user = unique_id();
+    assert_eq!(limits.check_shared(user, true).await, Ok(()));
+    assert_eq!(
+        limits.check_shared(user, true).await.map_err(|l| l.scope),
+        Err("user"),
+        "the shared limit holds while Redis answers"
+    );
+    redis.kill();
+    assert_eq!(
+        limits.check_shared(user, true).await,
+        Ok(()),
+        "Redis down: admitted"
+    );
+    assert_eq!(
+        limits.check_shared(user, true).await,
+        Ok(()),
+        "and the limits stand aside"
+    );
+}
