@@ -161,9 +161,6 @@ pub struct RedisStore {
     pub finishes: Mutex<Vec<FinishSeen>>,
     /// How many buckets `rebuild.lua` rebuilt (answered "rebuilt"), over the run.
     pub rebuilds: AtomicU64,
-    /// Per user, every release of a failed order of theirs (`release.lua` mode "failed": when,
-    /// and the reservation), whatever it answered.
-    pub failed_releases: Mutex<BTreeMap<u64, Vec<(Duration, String)>>>,
     /// A stock key to lose when a write of it arrives, after the writer's check found it.
     pub lose_at_write: Mutex<Option<LoseAtWrite>>,
     /// A replica's image: the next (re)start comes back with it whatever the persistence (a
@@ -305,7 +302,6 @@ impl RedisStore {
             claims: Mutex::default(),
             finishes: Mutex::default(),
             rebuilds: AtomicU64::new(0),
-            failed_releases: Mutex::default(),
             stale_closes: Mutex::default(),
             lose_at_write: Mutex::default(),
             promoted: Mutex::default(),
@@ -330,20 +326,6 @@ impl RedisStore {
         lost >= at
             || !(self.finishes.lock().expect("finishes").iter())
                 .any(|f| f.finished && f.at >= lost && f.at <= at)
-    }
-
-    /// Whether a failed order of `user` was released since Redis last lost data — each of its
-    /// releases (on the bucket its unit came from and on the user's own) ran after the loss —
-    /// so that the user's buyer marks went with it: from then on Redis holds a mark of theirs
-    /// only for a newer reservation, whatever a loss left elsewhere unrepaired.
-    pub fn freed_since_loss(&self, user: u64) -> bool {
-        let releases = self.failed_releases.lock().expect("failed releases");
-        let Some(mine) = releases.get(&user) else {
-            return false;
-        };
-        let lost = self.last_loss().unwrap_or(Duration::ZERO);
-        mine.iter()
-            .any(|(_, rid)| mine.iter().filter(|(_, r)| r == rid).all(|(at, _)| *at > lost))
     }
 
     /// Delete `key` (a loss without a restart: eviction, a failover that lost it).
@@ -480,18 +462,6 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                 .then(|| raw_string(&s.model, &req.keys[0]))
                 .flatten();
             let reply = s.model.eval_sha(&req.sha, &req.keys, &req.args);
-            // release.lua's "failed" mode (ARGV: mode, reservation id, user, …): no other script
-            // has an op of that name.
-            if let (Some("failed"), Some(rid), Some(Ok(user))) = (
-                req.args.first().map(String::as_str),
-                req.args.get(1),
-                req.args.get(2).map(|u| u.parse::<u64>()),
-            ) {
-                (s.failed_releases.lock().expect("failed releases"))
-                    .entry(user)
-                    .or_default()
-                    .push((f.elapsed(), rid.clone()));
-            }
             let tag = reply_tag(&reply);
             if let Some(gate) = closing.filter(|_| tag == Some(b"closed".as_slice())) {
                 let generation = |g: &str| parse_gate(g).map(|g| g.generation);

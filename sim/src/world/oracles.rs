@@ -637,15 +637,11 @@ impl World {
     /// on the user's own). Redis-loss seeds 131067414 and 131067458 showed a user marked with no
     /// order and nothing open 35 ms after a restart (not traced further). So the check holds
     /// where no loss is left unrepaired (`RedisStore::loss_unrepaired`): with no loss, or after a
-    /// recovery finished since — and, loss or not, for a user whose failed order was released
-    /// after the loss (`RedisStore::freed_since_loss`): the release took the user's marks, so
-    /// the sale goes on for them before any recovery (DESIGN §6), and a "duplicate" then is a
-    /// lockout unless they reserved again.
+    /// recovery finished since.
     pub(super) async fn duplicate_true(&self, user: UserId) {
         // Most users told "duplicate" hold a live order: one ledger lookup settles it, before a
         // look at everything.
-        let unrepaired = self.redis.loss_unrepaired(self.faults.elapsed());
-        if (unrepaired && !self.redis.freed_since_loss(user.0)) || self.holds_live_order(user).await {
+        if self.redis.loss_unrepaired(self.faults.elapsed()) || self.holds_live_order(user).await {
             return;
         }
         let snap = self.god.snapshot().await;
