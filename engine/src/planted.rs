@@ -324,13 +324,13 @@ pub async fn stall_once_past(site: Site, one_in: u64, floor: std::time::Duration
 /// only while another process is between two of its steps (a recovery between its rebuild and
 /// its reopen), which a drawn sleep would mostly miss.
 pub async fn stall_once_until_woken(site: Site, one_in: u64, max: std::time::Duration) {
+    let Some(x) = fire_once(site, one_in) else { return };
+    // Registered before the first await: the simulation wakes it only after its own sleeps.
     let woken = std::sync::Arc::new(tokio::sync::Notify::new());
     WAKERS.with(|w| w.borrow_mut().push((site, woken.clone())));
-    if let Some(x) = fire_once(site, one_in) {
-        tokio::select! {
-            _ = sleep_drawn(x, max) => {}
-            _ = woken.notified() => {}
-        }
+    tokio::select! {
+        _ = sleep_drawn(x, max) => {}
+        _ = woken.notified() => {}
     }
     WAKERS.with(|w| w.borrow_mut().retain(|(_, n)| !std::sync::Arc::ptr_eq(n, &woken)));
 }

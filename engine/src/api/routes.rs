@@ -769,15 +769,29 @@ async fn order_of_user<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     a: ActivityId,
     user: UserId,
 ) -> Result<Json<OrderAnswer>, ApiError> {
-    known(api, a)?;
-    let plan = api.core.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    let plan = known_plan(api, a)?;
     let view = order_status(&api.core.cache, &api.core.ledger, &plan, user)
         .await
         .map_err(|e| ApiError::internal("the order's status is unavailable; try again", e))?;
-    Ok(Json(OrderAnswer {
-        state: view.state,
-        reservation_id: view.reservation.map(|r| r.to_string()),
-    }))
+    Ok(Json(view.into()))
+}
+
+/// The stock plan of an activity this process knows.
+fn known_plan<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    api: &Shared<C, B, L, N>,
+    a: ActivityId,
+) -> Result<StockPlan, ApiError> {
+    known(api, a)?;
+    api.core.service.plan(a).ok_or_else(|| unknown_activity(a))
+}
+
+impl From<crate::service::StatusView> for OrderAnswer {
+    fn from(view: crate::service::StatusView) -> Self {
+        OrderAnswer {
+            state: view.state,
+            reservation_id: view.reservation.map(|r| r.to_string()),
+        }
+    }
 }
 
 /// One of the caller's reservations, by the id its 202 answered: "queued" from Redis while it is
@@ -791,16 +805,12 @@ async fn reservation_view<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     let a = id_from(&id)?;
     let r = reservation_from(&r)?;
     let me = limited_caller(&api, &headers, ip).await?;
-    known(&api, a)?;
-    let plan = api.core.service.plan(a).ok_or_else(|| unknown_activity(a))?;
+    let plan = known_plan(&api, a)?;
     let view = reservation_status(&api.core.cache, &api.core.ledger, &plan, me, r)
         .await
         .map_err(|e| ApiError::internal("the reservation's status is unavailable; try again", e))?
         .ok_or_else(no_order)?;
-    Ok(Json(OrderAnswer {
-        state: view.state,
-        reservation_id: view.reservation.map(|r| r.to_string()),
-    }))
+    Ok(Json(view.into()))
 }
 
 fn reservation_from(segment: &str) -> Result<ReservationId, ApiError> {

@@ -111,15 +111,23 @@ fn service_for<B: OrderBus>(cache: RedisStockCache, bus: B) -> PurchaseService<R
     )
 }
 
+impl OwnRedis {
+    /// A server of the test's own, and a stock cache on it whose calls give up after 300 ms.
+    async fn with_cache(bin: String) -> (OwnRedis, RedisStockCache) {
+        let redis = OwnRedis::start(bin);
+        let mut cfg = RedisConfig::single(&redis.url());
+        cfg.timeout = Duration::from_millis(300);
+        let cache = connect_stock_cache(&cfg).await.expect("connect");
+        (redis, cache)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_answers_unavailable_fast_and_moves_no_stock() {
     let Some(bin) = service("REDIS_SERVER_BIN") else {
         return;
     };
-    let mut redis = OwnRedis::start(bin);
-    let mut cfg = RedisConfig::single(&redis.url());
-    cfg.timeout = Duration::from_millis(300);
-    let cache = connect_stock_cache(&cfg).await.expect("connect");
+    let (mut redis, cache) = OwnRedis::with_cache(bin).await;
     let a = activity(unique_id(), 10, 2, 0);
     let plan = StockPlan::new(&a);
     cache
@@ -293,10 +301,7 @@ async fn shared_limits_admit_while_redis_is_down() {
     let Some(bin) = service("REDIS_SERVER_BIN") else {
         return;
     };
-    let mut redis = OwnRedis::start(bin);
-    let mut cfg = RedisConfig::single(&redis.url());
-    cfg.timeout = Duration::from_millis(300);
-    let cache = connect_stock_cache(&cfg).await.expect("connect");
+    let (mut redis, cache) = OwnRedis::with_cache(bin).await;
     let rates = RateLimits {
         global_per_sec: 1_000,
         per_user_per_sec: 1,
