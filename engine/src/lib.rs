@@ -16,7 +16,6 @@ pub mod conformance;
 pub mod demo;
 pub mod domain;
 pub mod jobs;
-#[cfg(madsim)]
 pub mod planted;
 pub mod ports;
 pub mod roles;

@@ -1,7 +1,11 @@
-//! Planted bugs: small, named variants of real code, compiled only for the simulation
-//! (`cfg(madsim)`), each switched on by name. They exist to prove that the simulation's checkers
-//! can fail: a run with a bug planted must be caught within a few seeds, and the same seeds must
-//! pass without it. Each call site is one `#[cfg(madsim)]` block beside the code it breaks.
+//! Planted bugs: small, named variants of real code, each switched on by name, and the engine's
+//! fault points (stalls). They exist to prove that the simulation's checkers can fail: a run
+//! with a bug planted must be caught within a few seeds, and the same seeds must pass without it.
+//!
+//! Only the simulation turns them on (it builds this crate with the `planted` feature). Without
+//! the feature `on` is a constant `false` and every fault point returns at once, so each call
+//! site is plain code beside the code it breaks, with no `cfg` of its own, and costs nothing in
+//! the binary.
 
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
@@ -153,9 +157,14 @@ pub fn fresh() -> u64 {
     })
 }
 
+/// Whether `bug` is planted in this run (always `false` without the `planted` feature).
+#[inline]
 pub fn on(bug: Bug) -> bool {
-    PLANTED.with(|p| p.get()) & (1 << bug as u32) != 0
+    ENABLED && PLANTED.with(|p| p.get()) & (1 << bug as u32) != 0
 }
+
+/// Whether this build can plant bugs and stall at fault points at all.
+const ENABLED: bool = cfg!(feature = "planted");
 
 thread_local! {
     /// Fault points (stalls) enabled for runs on this thread: the xorshift state of their draws
@@ -257,6 +266,9 @@ pub fn stop_stalls(keep: u64) {
 }
 
 fn draw() -> Option<u64> {
+    if !ENABLED {
+        return None;
+    }
     STALLS.with(|s| {
         let mut x = s.get();
         if x == 0 {
@@ -274,7 +286,7 @@ fn draw() -> Option<u64> {
 /// enables them, one call in `one_in` stalls here for up to `max` — the process paused (GC,
 /// SIGSTOP, a slow VM) exactly where a stall hurts most.
 pub async fn stall(one_in: u64, max: std::time::Duration) {
-    if SHORT_OFF.with(|s| s.get()) {
+    if !ENABLED || SHORT_OFF.with(|s| s.get()) {
         return;
     }
     let Some(x) = draw() else { return };
@@ -347,7 +359,7 @@ pub fn wake(site: Site) {
 /// Whether the long fault point `site` fires now (at most once per run, one call in `one_in`):
 /// the draw that sizes its sleep, after the simulation was told (`on_long_stall`).
 fn fire_once(site: Site, one_in: u64) -> Option<u64> {
-    if FIRED.with(|f| f.get()) & site.bit() != 0 {
+    if !ENABLED || FIRED.with(|f| f.get()) & site.bit() != 0 {
         return None;
     }
     let x = draw()?;

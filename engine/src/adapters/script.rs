@@ -304,14 +304,11 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
             Attempt::Own { mark_pending } => if mark_pending { "1" } else { "0" }.to_string(),
             Attempt::Fallback { generation } => generation.to_string(),
         });
-        #[cfg(madsim)]
         let reply = if crate::planted::on(crate::planted::Bug::GateNotChecked) {
             self.planted_ungated_reserve(&keys, &args).await?
         } else {
             self.run("reserve", Script::Reserve, keys, args).await?
         };
-        #[cfg(not(madsim))]
-        let reply = self.run("reserve", Script::Reserve, keys, args).await?;
         let (tag, rest) = tagged("reserve", &reply)?;
         Ok(match (tag, rest) {
             ("reserved", [Reply::Int(b), Reply::Int(g)]) if *b == bucket.0 as i64 && *g >= 0 => {
@@ -334,7 +331,6 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
 
     /// Planted `GateNotChecked`: `reserve.lua` with its gate check cut out (a reserve on a missing
     /// gate stamps generation 0).
-    #[cfg(madsim)]
     async fn planted_ungated_reserve(&self, keys: &[String], args: &[String]) -> PortResult<Reply> {
         let source = Script::Reserve
             .source()
@@ -349,7 +345,6 @@ impl<C: ScriptConn> ScriptedStockCache<C> {
     }
 
     /// Planted `NonAtomicReserve`: read in one call, decrement in another, from Rust.
-    #[cfg(madsim)]
     async fn planted_non_atomic_reserve(&self, r: &Reservation) -> PortResult<ReserveOutcome> {
         const READ: &str = "if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return -1 end \
                             return tonumber(redis.call('GET', KEYS[1]) or '-2')";
@@ -598,12 +593,10 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             reserved_at_ms: now_ms,
             generation: 0,
         };
-        #[cfg(madsim)]
         if crate::planted::on(crate::planted::Bug::NonAtomicReserve) {
             return self.planted_non_atomic_reserve(&own).await;
         }
         let mark_pending = plan.has_fallback();
-        #[cfg(madsim)]
         let mark_pending =
             mark_pending && !crate::planted::on(crate::planted::Bug::FallbackWithoutPendingMark);
         let generation = match self.reserve_in(Attempt::Own { mark_pending }, &mut own).await? {
@@ -612,8 +605,10 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
             Step::NotWarmed => return Ok(ReserveOutcome::NotWarmed),
             Step::Gated(state) => return Ok(ReserveOutcome::Gated(state)),
             Step::Empty => {
-                #[cfg(madsim)]
-                if plan.has_fallback() {
+                // With its mark, an own reserve answers "pending", never "empty", where a
+                // fallback exists.
+                if crate::planted::on(crate::planted::Bug::FallbackWithoutPendingMark) && plan.has_fallback()
+                {
                     // Planted: fall back with no mark left in the own bucket.
                     let mut fallback = Reservation {
                         bucket: plan.fallback_bucket(),
@@ -640,7 +635,6 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         };
         // Fault point: a process stalled between its own bucket's pending mark and the fallback
         // reserve, past the reconciler's grace period (which gives the attempt up meanwhile).
-        #[cfg(madsim)]
         crate::planted::stall(8, std::time::Duration::from_millis(3_000)).await;
         // The own bucket left a pending mark: try the fallback. A unit won there keeps the
         // mark pending until the caller knows the publish's outcome (DESIGN §4): the caller
@@ -687,7 +681,6 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
         };
         // Fault point: stalled between the fallback's answer and the resolve of the own bucket's
         // mark, past the grace period: the resolve arrives late, perhaps after a newer attempt.
-        #[cfg(madsim)]
         crate::planted::stall(8, std::time::Duration::from_millis(3_000)).await;
         let _ = StockCache::resolve_pending(self, plan, user, id, keep).await;
         result
@@ -1040,16 +1033,17 @@ impl<C: ScriptConn> StockCache for ScriptedStockCache<C> {
     }
 
     async fn give(&self, plan: &StockPlan, t: &Transfer) -> PortResult<()> {
-        #[cfg(madsim)]
-        let t = &if crate::planted::on(crate::planted::Bug::NonIdempotentGive) {
+        let fresh;
+        let t = if crate::planted::on(crate::planted::Bug::NonIdempotentGive) {
             // Planted: every give gets a fresh idempotency key, so a repeated give counts twice.
             let n = crate::planted::fresh();
-            Transfer {
+            fresh = Transfer {
                 id: format!("{}-{n:x}", t.id),
                 ..t.clone()
-            }
+            };
+            &fresh
         } else {
-            t.clone()
+            t
         };
         let keys = vec![
             stock_key(plan.activity, t.to),

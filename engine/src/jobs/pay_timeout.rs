@@ -36,7 +36,6 @@ pub async fn cancel_unpaid<C: StockCache, L: Ledger>(
     // jobs role's `Send` future refuses ("FnOnce is not general enough").
     let releases: Vec<PortResult<Released>> = futures::stream::iter(cancelled.iter().cloned())
         .map(|r| async move {
-            #[cfg(madsim)]
             let r = if crate::planted::on(crate::planted::Bug::CancelReleaseToRoutedBucket) {
                 crate::domain::Reservation {
                     bucket: plan.route(r.user),

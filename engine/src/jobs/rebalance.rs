@@ -95,7 +95,6 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
         // then meets a rebuilt bucket whose gate is recovering, or gates of a newer generation,
         // and must be refused — taken, the ledger would refuse its next step (a transfer planned
         // before the rebuild) forever, and its units would sit in no bucket.
-        #[cfg(madsim)]
         crate::planted::stall_once_until_woken(
             crate::planted::Site::RebalanceLook,
             1,
@@ -109,7 +108,6 @@ pub async fn rebalance<C: StockCache, L: Ledger>(
         // the reconciler may finish the transfer meanwhile, and this runner then finishes it too);
         // once per run (`Site::RebalanceTake`, at the first take) long enough for a recovery to rebuild the
         // buckets in between (the simulation aims a Redis loss at it).
-        #[cfg(madsim)]
         {
             crate::planted::stall(10, std::time::Duration::from_millis(1_500)).await;
             crate::planted::stall_once(

@@ -127,21 +127,16 @@ struct Read {
 /// anything Redis shows closed is already in the later ledger read. `None` while Redis has lost
 /// the activity or it is recovering.
 async fn read<C: StockCache, L: Ledger>(cache: &C, ledger: &L, plan: &StockPlan) -> PortResult<Option<Read>> {
-    #[cfg(madsim)]
     let resets_stock = crate::planted::on(crate::planted::Bug::ReconcilerResetsStock);
-    #[cfg(madsim)]
     let early_ledger = match resets_stock {
         true => Some(ledger.snapshot(plan.activity).await?),
         false => None,
     };
     // The buyer sets are not needed here (the planted bug rebuilds buckets from them).
-    #[cfg(madsim)]
     let view = match resets_stock {
         true => cache.snapshot(plan).await?,
         false => cache.summary(plan).await?,
     };
-    #[cfg(not(madsim))]
-    let view = cache.summary(plan).await?;
     let lost_or_recovering = view.buckets.iter().any(|b| {
         b.stock.is_none()
             || b.gate
@@ -166,7 +161,6 @@ async fn read<C: StockCache, L: Ledger>(cache: &C, ledger: &L, plan: &StockPlan)
         .chain(open_anywhere.iter().copied())
         .collect();
     let db = ledger.reconcile_view(plan.activity, &mentioned).await?;
-    #[cfg(madsim)]
     let db = early_ledger.map_or(db, |early| {
         crate::ports::ReconcileView::of(&early.orders, &mentioned)
     });
@@ -247,8 +241,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                 continue;
             }
             if now_ms >= r.reserved_at_ms.saturating_add(cfg.republish_after_ms) {
-                #[cfg(madsim)]
-                let r = &if crate::planted::on(crate::planted::Bug::RepublishWithFreshId) {
+                let r = if crate::planted::on(crate::planted::Bug::RepublishWithFreshId) {
                     crate::domain::Reservation {
                         id: ReservationId(r.id.0 ^ (now_ms as u128) << 64),
                         ..r.clone()
@@ -256,7 +249,7 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
                 } else {
                     r.clone()
                 };
-                actions.push(Action::Republish(r.clone()));
+                actions.push(Action::Republish(r));
             }
         }
         for p in b
@@ -275,10 +268,9 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
         actions.extend(b.transfers_in_flight.iter().cloned().map(Action::Finish));
         // Units the ledger took back but Redis has not yet: this pass gives them back.
         actions.extend(first.cancels_in_flight(b).cloned().map(Action::ReleaseCancelled));
-        #[cfg(madsim)]
-        {
+        if crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
             let units = first.units_off(b, plan);
-            if units != 0 && crate::planted::on(crate::planted::Bug::ReconcilerResetsStock) {
+            if units != 0 {
                 planted_reset(
                     cache,
                     plan,
@@ -304,7 +296,6 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
 
     // Fault point: a pass stalled between its read and its actions (what it read may have
     // moved on: a purchase released or the consumer settled what it is about to adopt).
-    #[cfg(madsim)]
     crate::planted::stall(4, std::time::Duration::from_millis(1_500)).await;
     let mut results = futures::stream::iter(actions)
         .map(|mut action| async move {
@@ -384,7 +375,6 @@ pub async fn reconcile<C: StockCache, L: Ledger, B: OrderBus>(
 
 /// Planted `ReconcilerResetsStock`: "fix" a difference by rebuilding the bucket at the stock that
 /// would hide it (through the recovery's own scripts, under a fence of its own).
-#[cfg(madsim)]
 async fn planted_reset<C: StockCache>(
     cache: &C,
     plan: &StockPlan,

@@ -318,7 +318,6 @@ async fn rescue_into_ledger<C: StockCache, L: Ledger>(
 
 /// Planted (`RescueRepublished`): step 5 as it was — the rescued reservations republished on the
 /// topic and drained, which a record visible after the drain (and after the bump) defeats.
-#[cfg(madsim)]
 async fn republish<C: StockCache, B: OrderBus>(
     cache: &C,
     bus: &B,
@@ -473,7 +472,6 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     // Fault point: a runner stalled between its claim and its close, at most once per run and
     // past its lease: another runner takes over, recovers and reopens meanwhile, and this one's
     // close must not halt the sale again.
-    #[cfg(madsim)]
     {
         let floor = Duration::from_millis(lease_ms(cfg)) + cfg.quiesce * 2 + Duration::from_secs(1);
         crate::planted::stall_once_past(
@@ -494,10 +492,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         ));
     }
 
-    #[cfg(madsim)]
     let in_flight_ok = crate::planted::on(crate::planted::Bug::RebuildWhileInFlight);
-    #[cfg(not(madsim))]
-    let in_flight_ok = false;
     if !in_flight_ok {
         wait(cfg.quiesce, held).await?;
         drain(bus, cfg, held).await?;
@@ -514,15 +509,11 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         .collect();
     let ids: BTreeSet<_> = open.iter().map(|r| r.id).collect();
     let held_ids = ledger.reconcile_view(plan.activity, &ids).await?.held;
-    #[cfg(madsim)]
     let drop_outbox = crate::planted::on(crate::planted::Bug::RebuildDropsOutbox);
-    #[cfg(not(madsim))]
-    let drop_outbox = false;
     let rescue: Vec<&Reservation> = open
         .iter()
         .filter(|r| !held_ids.contains(&r.id) && !drop_outbox)
         .collect();
-    #[cfg(madsim)]
     let rescued = if crate::planted::on(crate::planted::Bug::RescueRepublished) {
         republish(
             cache,
@@ -537,14 +528,11 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     } else {
         rescue_into_ledger(cache, ledger, held, &rescue, registry.intent.generation).await?
     };
-    #[cfg(not(madsim))]
-    let rescued = rescue_into_ledger(cache, ledger, held, &rescue, registry.intent.generation).await?;
     held.keep().await?;
 
     // Fault point: a runner stalled between its last renewal and the bump, once per run far past
     // its lease (another runner takes over, recovers and reopens meanwhile: only the bump's
     // compare-and-set keeps this one from writing the registry past the reopened gates).
-    #[cfg(madsim)]
     {
         let floor = Duration::from_millis(lease_ms(cfg)) + cfg.quiesce * 2 + Duration::from_secs(1);
         crate::planted::stall_once_past(
@@ -578,7 +566,6 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     // Fault points: a runner stalled between its snapshot and its rebuild, once per run long
     // past its lease (another runner recovers and reopens, sales go on, buckets sell out and
     // settle meanwhile: only the fence keeps it from writing the past over them).
-    #[cfg(madsim)]
     {
         crate::planted::stall(2, Duration::from_millis(3_000)).await;
         crate::planted::stall_once(
@@ -605,11 +592,8 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
             // Every live order keeps its user out (the ledger's unique key holds for them):
             // marked in its own bucket, and in the bucket its unit came from. A failed order
             // frees its user (DESIGN §6).
-            #[cfg(madsim)]
             let live = o.status != OrderStatus::Failed
                 || crate::planted::on(crate::planted::Bug::FailedOrderLocksOut);
-            #[cfg(not(madsim))]
-            let live = o.status != OrderStatus::Failed;
             if live && (plan.route(r.user) == b || r.bucket == b) {
                 buyers.insert(r.user);
             }
@@ -665,7 +649,6 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
         generation: intent.generation,
         ..now
     };
-    #[cfg(madsim)]
     let target = match crate::planted::on(crate::planted::Bug::ReopenOverPause) {
         // Planted: back to the intent seen when the recovery began, over anything newer.
         true => crate::ports::Intent {
@@ -681,7 +664,6 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     // operator's pause may land meanwhile: only the gates' versions keep it standing), now and
     // then past its lease, once per run far past it (another runner takes over meanwhile: only
     // the fence keeps it from reopening gates that are another's to reopen).
-    #[cfg(madsim)]
     {
         crate::planted::stall(1, Duration::from_millis(1_500)).await;
         crate::planted::stall(5, Duration::from_millis(5_000)).await;
@@ -703,7 +685,6 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
     // Fault point: a runner stalled between its reopen and its finish, at most once per run and
     // past its lease: another runner takes the claim over (and may finish it) meanwhile, and
     // this one must be told its claim was lost, not that its recovery finished.
-    #[cfg(madsim)]
     {
         let floor = Duration::from_millis(lease_ms(cfg)) + Duration::from_secs(1);
         crate::planted::stall_once_past(
@@ -725,10 +706,7 @@ async fn recover_claimed<C: StockCache, L: Ledger, B: OrderBus>(
 
 /// Planted (`RecoveryWithoutFence`): this runner ignores other claims and the gates' fences.
 fn unfenced() -> bool {
-    #[cfg(madsim)]
-    return crate::planted::on(crate::planted::Bug::RecoveryWithoutFence);
-    #[cfg(not(madsim))]
-    false
+    crate::planted::on(crate::planted::Bug::RecoveryWithoutFence)
 }
 
 /// The journal's transfers: each id with the bucket it left and the bucket it reached (its two

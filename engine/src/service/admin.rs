@@ -47,7 +47,6 @@ pub async fn set_intent<C: StockCache, L: Ledger>(
         .ok_or(AdminError::UnknownActivity(id))?;
     // Fault point: a call stalled between the registry and the gates, overtaken by the
     // operator's next call (only the gates' versions keep the older intent from winning).
-    #[cfg(madsim)]
     crate::planted::stall(2, std::time::Duration::from_millis(3_000)).await;
     let gates = cache.set_gates(&StockPlan::new(&activity), &intent).await?;
     Ok((intent, gates))
@@ -128,7 +127,6 @@ async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
         .registry(plan.activity)
         .await?
         .ok_or(AdminError::UnknownActivity(plan.activity))?;
-    #[cfg(madsim)]
     let new = new || crate::planted::on(crate::planted::Bug::WarmupFromPlan);
     let cause = if new {
         None
@@ -140,7 +138,6 @@ async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
         None => {
             // Fault point: a warmup stalled between its check and its writes (Redis may lose a
             // key meanwhile: only the gate left behind tells the warmup not to refill it).
-            #[cfg(madsim)]
             crate::planted::stall(2, std::time::Duration::from_millis(1_500)).await;
             let from = match new {
                 true => crate::ports::WarmFrom::Plan,

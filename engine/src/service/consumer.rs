@@ -106,7 +106,6 @@ pub(crate) async fn free_failed<C: StockCache>(
     plan: &StockPlan,
     r: &Reservation,
 ) -> PortResult<bool> {
-    #[cfg(madsim)]
     if crate::planted::on(crate::planted::Bug::FailedOrderLocksOut) {
         // Planted: closed as if it were an order; the user stays marked a buyer.
         return cache.settle(r).await;
@@ -178,7 +177,6 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
     }
 
     async fn rewind_after_failure(&mut self) {
-        #[cfg(madsim)]
         if crate::planted::on(crate::planted::Bug::FailedRewindIgnored) {
             // Planted: best effort, as if the source resynced by itself.
             let _ = self.source.rewind().await;
@@ -194,7 +192,6 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
     /// (Then committing it would skip that record for good.) Records the start of a partition
     /// seen for the first time since the last rewind.
     fn skipped(&mut self, batch: &[Delivery]) -> Option<PortError> {
-        #[cfg(madsim)]
         if crate::planted::on(crate::planted::Bug::FailedRewindIgnored) {
             return None;
         }
@@ -239,7 +236,6 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
                 }
             }
         }
-        #[cfg(madsim)]
         if crate::planted::on(crate::planted::Bug::AckBeforeCommit) {
             self.source.commit(batch).await?;
         }
@@ -254,7 +250,6 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
             // settle or republish them meanwhile, and the batch is not committed on the bus).
             // Rare and mostly shorter than the group's session timeout: a worker stalled past it
             // on every tenth batch is kicked from the group faster than it can commit anything.
-            #[cfg(madsim)]
             crate::planted::stall(50, std::time::Duration::from_millis(1_500)).await;
             outcomes
         };
@@ -283,10 +278,7 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
                 }
                 ApplyOutcome::Redelivered => {
                     report.redelivered += 1;
-                    #[cfg(madsim)]
                     let planted = crate::planted::on(crate::planted::Bug::RedeliveredAsDuplicate);
-                    #[cfg(not(madsim))]
-                    let planted = false;
                     if planted {
                         FollowUp::Release
                     } else {

@@ -387,7 +387,6 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         };
         // Fault point: a process stalled between reserve and publish, past the delivery timeout
         // (it wakes up as a zombie and publishes a reservation a recovery may have dropped).
-        #[cfg(madsim)]
         crate::planted::stall(20, std::time::Duration::from_millis(4_000)).await;
         let (from_fallback, attempt) = (reservation.bucket != own, reservation.id);
         let known = local.generation.load(Ordering::Relaxed);
@@ -424,7 +423,7 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
     async fn publish(
         &self,
         // Only the planted `ReleaseToRoutedBucket` routes with it.
-        #[cfg_attr(not(madsim), allow(unused_variables))] plan: &StockPlan,
+        plan: &StockPlan,
         reservation: Reservation,
     ) -> (PurchaseOutcome, Option<bool>) {
         let started = tokio::time::Instant::now();
@@ -434,10 +433,7 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             Ok(()) => return (PurchaseOutcome::Queued(reservation), Some(true)),
             Err(e) => e,
         };
-        #[cfg(madsim)]
         let indeterminate_is_queued = !crate::planted::on(crate::planted::Bug::ReleaseOnIndeterminatePublish);
-        #[cfg(not(madsim))]
-        let indeterminate_is_queued = true;
         if e.is_indeterminate() && indeterminate_is_queued {
             // The record may be on the bus: the reservation stays open, the reconciler
             // republishes it if the ledger never sees it, and the ledger dedupes by id — as long
@@ -465,7 +461,6 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
                 ),
             };
         }
-        #[cfg(madsim)]
         let reservation = if crate::planted::on(crate::planted::Bug::ReleaseToRoutedBucket) {
             Reservation {
                 bucket: plan.route(reservation.user),
@@ -479,7 +474,6 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         // the order is on its way, and so is the answer "queued".
         // Fault point: stalled between the failed publish and the release, past the reconciler's
         // republish age (it adopts and republishes the reservation meanwhile).
-        #[cfg(madsim)]
         crate::planted::stall(4, std::time::Duration::from_millis(3_000)).await;
         self.give_back(reservation, Unserved::OrderBus, format!("order bus: {e}"))
             .await
@@ -501,7 +495,6 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             .await;
         // Fault point: a process stalled between a release's effect and its answer (the units
         // are back and the mark gone while the own bucket's pending mark, if any, waits).
-        #[cfg(madsim)]
         crate::planted::stall(20, std::time::Duration::from_millis(2_000)).await;
         match released {
             Ok(Released::Released) => (unavailable(given_back, why), Some(false)),

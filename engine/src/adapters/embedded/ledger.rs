@@ -59,11 +59,9 @@ impl LedgerState {
             return ApplyOutcome::Redelivered;
         }
         let current = self.activities.get(&r.activity).map(|a| a.intent.generation);
-        #[cfg(madsim)]
         let current = current.filter(|_| !crate::planted::on(crate::planted::Bug::NoGenerationCheck));
         let stale = current.is_some_and(|g| r.generation < g);
         let existing = self.by_user.get(&(r.activity, r.user)).copied();
-        #[cfg(madsim)]
         let existing = existing.filter(|_| !crate::planted::on(crate::planted::Bug::NoBuyerUniqueKey));
         if let Some(existing) = existing {
             return ApplyOutcome::DuplicateBuyer { existing };
@@ -73,7 +71,6 @@ impl LedgerState {
         };
         let qty = r.qty as i64;
         let guard = *remaining >= qty;
-        #[cfg(madsim)]
         let guard = guard || crate::planted::on(crate::planted::Bug::NoStockGuard);
         let (status, outcome) = if stale {
             (OrderStatus::Failed, ApplyOutcome::StaleGeneration)
@@ -330,7 +327,6 @@ impl Ledger for EmbeddedLedger {
         })?;
         // Planted: the UPDATE without its condition, bumping whatever the registry holds when
         // it arrives (a runner's bump delivered after another runner's moves it past the gates).
-        #[cfg(madsim)]
         let from = match crate::planted::on(crate::planted::Bug::UnfencedBump) {
             true => r.intent.generation,
             false => from,
