@@ -38,7 +38,7 @@ for target in purchase_body token identity forwarded jwks; do
   mkdir -p "$scratch/$target"
   echo "[fuzz] $target ($limit, $profile)"
   log="$scratch/$target.log"
-  if ! cargo +nightly fuzz run "$profile" "$target" "$scratch/$target" "fuzz/corpus/$target" -- \
+  if ! cargo +nightly fuzz run --fuzz-dir fuzz "$profile" "$target" "$scratch/$target" "fuzz/corpus/$target" -- \
       "$limit" -print_final_stats=1 >"$log" 2>&1; then
     tail -60 "$log" >&2
     echo "[fuzz] $target failed (its input is under engine/fuzz/artifacts/$target/)" >&2

@@ -24,6 +24,9 @@ rustc --version
 step "format"
 cargo fmt --all -- --check
 
+step "the dependency rule: only engine/stores names a store client; the core and the simulation link none"
+ci/deps.sh
+
 step "the README's and docs/usage.md's commands, word for word (run command, demo example, synopses, plan presets, the serve session, the sale on the real stores), and the documents' links and catalogue"
 ci/readme.sh
 
@@ -45,9 +48,9 @@ ci/deploy.sh
 step "the runbook's commands during a sale (docs/operations.md), word for word, on the real stores"
 ci/runbook.sh
 
-step "clippy (--cfg madsim): the engine library with its planted bugs, and the simulation"
+step "clippy (--cfg madsim): the core crate with its planted bugs, and the simulation"
 madsim=(--release --config "build.rustflags=['--cfg','madsim']" --target-dir target/sim)
-cargo clippy -p seckill-engine --lib "${madsim[@]}" -- -D warnings
+cargo clippy -p seckill-core --lib --features planted "${madsim[@]}" -- -D warnings
 cargo clippy -p seckill-sim --features simulation --all-targets "${madsim[@]}" -- -D warnings
 
 step "simulation (--cfg madsim): every scenario over a seed range, planted bugs, smoke"

@@ -4,7 +4,7 @@
 
 use crate::world::{Scenario, Scheduled, SimConfig, Size};
 use clap::Parser;
-use seckill_engine::planted::Bug;
+use seckill_core::planted::Bug;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Shape {

@@ -106,7 +106,7 @@ pub struct TransferDone {
 pub enum Fired {
     Fault(Fault),
     /// An engine fault point held long (`planted::stall_once`): `long_stall_<site>`.
-    LongStall(seckill_engine::planted::Site),
+    LongStall(seckill_core::planted::Site),
     /// The broker moved a consumer group's partitions (a member left, joined or was paused past
     /// its session).
     GroupRebalance,

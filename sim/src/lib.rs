@@ -35,11 +35,9 @@ pub mod world;
 /// Run the demo sale (the whole purchase → bus → ledger pipeline on embedded ports) on the
 /// current simulated node.
 #[cfg(madsim)]
-pub async fn sale_on_embedded_ports(
-    cfg: &seckill_engine::demo::DemoConfig,
-) -> seckill_engine::demo::DemoReport {
-    let clock = seckill_engine::clock::Clock::new(SIM_EPOCH_MS, tokio::time::Instant::now());
-    seckill_engine::demo::run(cfg, clock, || {})
+pub async fn sale_on_embedded_ports(cfg: &seckill_core::demo::DemoConfig) -> seckill_core::demo::DemoReport {
+    let clock = seckill_core::clock::Clock::new(SIM_EPOCH_MS, tokio::time::Instant::now());
+    seckill_core::demo::run(cfg, clock, || {})
         .await
         .expect("a valid demo configuration")
 }

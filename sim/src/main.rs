@@ -19,7 +19,7 @@ fn main() -> std::process::ExitCode {
 #[cfg(madsim)]
 mod app {
     use clap::{Parser, Subcommand};
-    use seckill_engine::planted::Bug;
+    use seckill_core::planted::Bug;
     use seckill_sim::args::{config, parse_bug, RunArgs, Shape};
     use seckill_sim::world::{self, RunReport, Scenario, SimConfig, Verdict, COVERAGE_TARGETS};
     use serde::Deserialize;

@@ -3,12 +3,12 @@
 
 use madsim::net::rpc::Request;
 use madsim::net::Endpoint;
-use seckill_engine::adapters::script::Reply;
-use seckill_engine::domain::{ActivityId, ActivitySpec, ActivityState, Reservation, ReservationId, UserId};
-use seckill_engine::ports::{
+use seckill_core::adapters::script::Reply;
+use seckill_core::domain::{ActivityId, ActivitySpec, ActivityState, Reservation, ReservationId, UserId};
+use seckill_core::ports::{
     ApplyOutcome, Delivery, Intent, LedgerView, OrderRow, PayOutcome, PortError, ReconcileView, Registered,
 };
-use seckill_engine::service::{PurchaseOutcome, StatusView};
+use seckill_core::service::{PurchaseOutcome, StatusView};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -97,7 +97,7 @@ request!(CancelUnpaid => Result<Vec<Reservation>, PortError>, 0x5e16);
 pub struct CancelOrder {
     pub id: ReservationId,
 }
-request!(CancelOrder => Result<seckill_engine::ports::CancelOutcome, PortError>, 0x5e18);
+request!(CancelOrder => Result<seckill_core::ports::CancelOutcome, PortError>, 0x5e18);
 
 #[derive(Serialize, Deserialize)]
 pub struct ActivityOf {
@@ -108,7 +108,7 @@ request!(ActivityOf => Result<Option<ActivitySpec>, PortError>, 0x5e19);
 #[derive(Serialize, Deserialize)]
 pub struct LedgerTransfer {
     pub activity: ActivityId,
-    pub transfer: seckill_engine::ports::Transfer,
+    pub transfer: seckill_core::ports::Transfer,
 }
 request!(LedgerTransfer => Result<bool, PortError>, 0x5e17);
 

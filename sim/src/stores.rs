@@ -10,12 +10,12 @@ use crate::rpc::{self, addr};
 use crate::world::{Fault, Target};
 use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
-use seckill_engine::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
-use seckill_engine::adapters::script::{parse_gate, Reply, ScriptConn};
-use seckill_engine::domain::{
+use seckill_core::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
+use seckill_core::adapters::script::{parse_gate, Reply, ScriptConn};
+use seckill_core::domain::{
     Activity, ActivityId, ActivityState, Reservation, ReservationId, StockPlan, UserId,
 };
-use seckill_engine::ports::{
+use seckill_core::ports::{
     ApplyOutcome, Delivery, Intent, Ledger, LedgerView, OrderBus, OrderRow, OrderSource, PayOutcome,
     PortError, PortResult, ReconcileView, Registered,
 };
@@ -195,8 +195,8 @@ pub struct FinishSeen {
 /// Does the keyspace hold the whole activity (its `buckets` business buckets and the fallback),
 /// as a recovery's look sees it under Redis's run id `run_id`?
 fn whole(ks: &Keyspace, activity: ActivityId, buckets: u32, run_id: &str) -> bool {
-    use seckill_engine::adapters::embedded::Value;
-    use seckill_engine::adapters::script::{gate_key, meta_key, stock_key};
+    use seckill_core::adapters::embedded::Value;
+    use seckill_core::adapters::script::{gate_key, meta_key, stock_key};
     let meta = match ks.get(meta_key(activity).as_bytes()) {
         Some(Value::Hash(h)) => {
             !h.contains_key(b"claim".as_slice())
@@ -204,7 +204,7 @@ fn whole(ks: &Keyspace, activity: ActivityId, buckets: u32, run_id: &str) -> boo
         }
         _ => false,
     };
-    meta && (0..=buckets).map(seckill_engine::domain::BucketNo).all(|b| {
+    meta && (0..=buckets).map(seckill_core::domain::BucketNo).all(|b| {
         ks.contains_key(stock_key(activity, b).as_bytes())
             && matches!(ks.get(gate_key(activity, b).as_bytes()),
                 Some(Value::Str(g)) if !g.starts_with(b"recovering"))
@@ -224,7 +224,7 @@ fn reply_tag(reply: &Reply) -> Option<&[u8]> {
 
 /// A string key's value, if it holds one (read raw).
 fn raw_string(model: &RedisModel, key: &str) -> Option<String> {
-    use seckill_engine::adapters::embedded::Value;
+    use seckill_core::adapters::embedded::Value;
     model.read(|ks| match ks.get(key.as_bytes()) {
         Some(Value::Str(v)) => Some(String::from_utf8_lossy(v).into_owned()),
         _ => None,
@@ -233,7 +233,7 @@ fn raw_string(model: &RedisModel, key: &str) -> Option<String> {
 
 /// The recovery claim a meta hash holds, if any (read raw).
 pub fn meta_claim(model: &RedisModel, meta: &str) -> Option<String> {
-    use seckill_engine::adapters::embedded::Value;
+    use seckill_core::adapters::embedded::Value;
     model.read(|ks| match ks.get(meta.as_bytes()) {
         Some(Value::Hash(h)) => h
             .get(b"claim".as_slice())
@@ -255,7 +255,7 @@ pub enum LoseAtWrite {
 
 /// Every stock key in a keyspace, with its units.
 fn stocks(ks: &Keyspace) -> BTreeMap<String, i64> {
-    use seckill_engine::adapters::embedded::Value;
+    use seckill_core::adapters::embedded::Value;
     ks.iter()
         .filter(|(k, _)| k.ends_with(b":stock"))
         .filter_map(|(k, v)| match v {
@@ -270,7 +270,7 @@ fn stocks(ks: &Keyspace) -> BTreeMap<String, i64> {
 
 /// Every open reservation id in a keyspace (the `resv` hashes' fields, pending marks aside).
 fn outbox(ks: &Keyspace) -> BTreeSet<String> {
-    use seckill_engine::adapters::embedded::Value;
+    use seckill_core::adapters::embedded::Value;
     ks.iter()
         .filter(|(k, _)| k.ends_with(b":resv"))
         .flat_map(|(_, v)| match v {
@@ -533,7 +533,7 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
                             .keys
                             .first()
                             .and_then(|k| s.model.read(|ks| ks.get(k.as_bytes()).cloned()));
-                        if let Some(seckill_engine::adapters::embedded::Value::Str(v)) = stock {
+                        if let Some(seckill_core::adapters::embedded::Value::Str(v)) = stock {
                             if std::str::from_utf8(&v).ok().and_then(|v| v.parse::<i64>().ok()) > Some(0) {
                                 f.cover(Target::LateFallbackVoidKeptUnit);
                             }
@@ -961,11 +961,11 @@ impl Ledger for SimLedger {
         self.write("pay", rpc::Pay { id, payment }).await
     }
 
-    async fn order(&self, id: ReservationId) -> PortResult<Option<seckill_engine::ports::OrderRow>> {
+    async fn order(&self, id: ReservationId) -> PortResult<Option<seckill_core::ports::OrderRow>> {
         self.call("order", rpc::OrderById { id }).await
     }
 
-    async fn cancel(&self, id: ReservationId) -> PortResult<seckill_engine::ports::CancelOutcome> {
+    async fn cancel(&self, id: ReservationId) -> PortResult<seckill_core::ports::CancelOutcome> {
         self.write("cancel", rpc::CancelOrder { id }).await
     }
 
@@ -975,7 +975,7 @@ impl Ledger for SimLedger {
             .transpose()
     }
 
-    async fn transfer(&self, activity: ActivityId, t: &seckill_engine::ports::Transfer) -> PortResult<bool> {
+    async fn transfer(&self, activity: ActivityId, t: &seckill_core::ports::Transfer) -> PortResult<bool> {
         let req = rpc::LedgerTransfer {
             activity,
             transfer: t.clone(),

@@ -4,7 +4,7 @@
 //! and nothing panics.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use seckill_engine::api::limits::client_ip;
+use seckill_api::limits::client_ip;
 use std::net::IpAddr;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,8 +2,8 @@
 //! never panics, and nothing the fuzzer makes up is believed.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use seckill_engine::api::identity::Identity;
-use seckill_engine::api::payment::CallbackVerifier;
+use seckill_api::identity::Identity;
+use seckill_api::payment::CallbackVerifier;
 
 fuzz_target!(|data: &[u8]| {
     let id = Identity::hs256(&[7u8; 32], None, None).unwrap();

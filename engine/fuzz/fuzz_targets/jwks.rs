@@ -3,8 +3,8 @@
 //! the keys in use, and a token checked against whatever loaded never panics.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use seckill_engine::api::identity::{mint, Identity};
-use seckill_engine::domain::UserId;
+use seckill_api::identity::{mint, Identity};
+use seckill_core::domain::UserId;
 
 const KEY: &[u8] = b"fuzz-login-service-key-0123456789";
 const NOW_MS: u64 = 1_800_000_000_000;

@@ -2,7 +2,7 @@
 //! a field — never panic — and a decoded purchase is always within its documented ranges.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use seckill_engine::api::body;
+use seckill_api::body;
 
 fuzz_target!(|data: &[u8]| {
     match body::purchase_request(data) {
@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
     if let Err(e) = body::activity_spec(data) {
         assert!(!e.field.is_empty());
     }
-    if let Err(e) = seckill_engine::api::payment::callback(data) {
+    if let Err(e) = seckill_api::payment::callback(data) {
         assert!(!e.field.is_empty());
     }
 });

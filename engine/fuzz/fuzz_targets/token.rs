@@ -2,8 +2,8 @@
 //! its numbers exactly; nothing the fuzzer makes up passes verification.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use seckill_engine::api::token::{decode, TokenSigner};
-use seckill_engine::domain::{ActivityId, UserId};
+use seckill_api::token::{decode, TokenSigner};
+use seckill_core::domain::{ActivityId, UserId};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };

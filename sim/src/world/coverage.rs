@@ -2,7 +2,7 @@
 //! at the end of a run.
 
 use super::{Scenario, World};
-use seckill_engine::ports::OrderStatus;
+use seckill_core::ports::OrderStatus;
 use serde::Serialize;
 
 /// The interesting states a sweep must have seen (`Faults::cover`): each with the scenarios that
@@ -231,7 +231,7 @@ impl World {
     /// Coverage: a record a slow follower held back became visible after a recovery bumped the
     /// generation (it arrived before the bump), and its order stands — rescued into the ledger
     /// before the bump, the late record a redelivery.
-    pub(super) fn cover_late_records(&self, db: &seckill_engine::ports::LedgerView) {
+    pub(super) fn cover_late_records(&self, db: &seckill_core::ports::LedgerView) {
         let late = self.kafka.visible_late.lock().expect("kafka").clone();
         let bumps = self.ledger_log.bumps.lock().expect("ledger log").clone();
         for o in db.orders.iter().filter(|o| o.status != OrderStatus::Failed) {

@@ -41,11 +41,11 @@ use crate::stores::{serve_kafka, serve_ledger, serve_redis, KafkaLog, LedgerLog,
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::{Handle, NodeHandle};
 use rand::SeedableRng;
-use seckill_engine::adapters::embedded::{EmbeddedLedger, EmbeddedRedis};
-use seckill_engine::adapters::script::ScriptedStockCache;
-use seckill_engine::domain::{ActivityId, StockPlan, UserId};
-use seckill_engine::planted::{self, Site};
-use seckill_engine::ports::{Ledger, OrderStatus, StockCache};
+use seckill_core::adapters::embedded::{EmbeddedLedger, EmbeddedRedis};
+use seckill_core::adapters::script::ScriptedStockCache;
+use seckill_core::domain::{ActivityId, StockPlan, UserId};
+use seckill_core::planted::{self, Site};
+use seckill_core::ports::{Ledger, OrderStatus, StockCache};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -252,8 +252,8 @@ pub async fn world(cfg: SimConfig) -> RunReport {
     god.cache
         .warmup(
             &plan,
-            &seckill_engine::ports::Intent::FIRST,
-            seckill_engine::ports::WarmFrom::Plan,
+            &seckill_core::ports::Intent::FIRST,
+            seckill_core::ports::WarmFrom::Plan,
         )
         .await
         .expect("warmup");
@@ -392,7 +392,7 @@ pub async fn world(cfg: SimConfig) -> RunReport {
         w.faults.event("late wave: buyers after the recovery".into());
         let db = w.god.ledger.snapshot(ACTIVITY).await.expect("in-process");
         let failed = (db.orders.iter())
-            .filter(|o| o.status == seckill_engine::ports::OrderStatus::Failed)
+            .filter(|o| o.status == seckill_core::ports::OrderStatus::Failed)
             .map(|o| o.reservation.user);
         let mut late = w.spawn_clients(&Wave::late(&cfg, failed));
         w.wait_for(&mut late).await;

@@ -10,8 +10,8 @@ use madsim::net::NetSim;
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::NodeHandle;
 use rand::SeedableRng;
-use seckill_engine::domain::BucketNo;
-use seckill_engine::planted::{self, Site};
+use seckill_core::domain::BucketNo;
+use seckill_core::planted::{self, Site};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -420,7 +420,7 @@ impl World {
             // the recovery's anyway): it waits for one — in the late wave, if the first never
             // was (a recovery outlasts it as often as not).
             Fault::RedisKeyLost => {
-                use seckill_engine::adapters::script::{gate_key, stock_key};
+                use seckill_core::adapters::script::{gate_key, stock_key};
                 let all: Vec<BucketNo> = self.god.plan.all_buckets().collect();
                 let b = all[thread_rng().gen_range(0..all.len())];
                 // Aimed at the writers that check before they write: half the time the stock key

@@ -6,7 +6,7 @@ use crate::rpc::{self, engine_addr};
 use crate::stores::Persistence;
 use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
-use seckill_engine::domain::ActivityState;
+use seckill_core::domain::ActivityState;
 use seckill_invariants as inv;
 use std::time::Duration;
 
@@ -144,7 +144,7 @@ impl World {
     /// recovers a Redis that lost nothing (a warmup that took every bucket for lost) is an
     /// outage of the operator's making.
     pub(super) fn warmup_recovered_only_a_loss(&self, began: Duration, answer: &str) {
-        if !answer.contains(seckill_engine::service::admin::LOST_AFTER_CHECK) {
+        if !answer.contains(seckill_core::service::admin::LOST_AFTER_CHECK) {
             return;
         }
         if self.redis.last_loss().is_none_or(|at| at < began) {

@@ -2,11 +2,11 @@
 //! settle, and the final checks (safety, reconciliation, liveness) against the clients' history.
 
 use super::{Target, Verdict, Violated, World, ACTIVITY, CHECK_EVERY};
-use seckill_engine::adapters::embedded::{EmbeddedLedger, EmbeddedRedis, RedisModel};
-use seckill_engine::adapters::script::ScriptedStockCache;
-use seckill_engine::domain::{ActivityState, BucketNo, Reservation, StockPlan, UserId};
-use seckill_engine::ports::{CacheView, Ledger, OrderStatus, StockCache};
-use seckill_engine::service::audit;
+use seckill_core::adapters::embedded::{EmbeddedLedger, EmbeddedRedis, RedisModel};
+use seckill_core::adapters::script::ScriptedStockCache;
+use seckill_core::domain::{ActivityState, BucketNo, Reservation, StockPlan, UserId};
+use seckill_core::ports::{CacheView, Ledger, OrderStatus, StockCache};
+use seckill_core::service::audit;
 use seckill_invariants as inv;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -30,8 +30,8 @@ impl GodView {
     /// S6 over the gates read raw, against the registry's generation at the same instant (both
     /// in-process: nothing runs between the two reads).
     pub(super) async fn generation_fenced(&self) -> Vec<inv::Violation> {
-        use seckill_engine::adapters::embedded::Value;
-        use seckill_engine::adapters::script::{gate_key, parse_gate};
+        use seckill_core::adapters::embedded::Value;
+        use seckill_core::adapters::script::{gate_key, parse_gate};
         let Some(registered) = self.ledger.registry(ACTIVITY).await.expect("in-process") else {
             return Vec::new();
         };
@@ -78,8 +78,8 @@ impl GodView {
     /// own reader cannot catch that reader's bugs; and at the standard size the script's sorted
     /// copies of ten thousand buyers, forty times a simulated second, were most of a run's time).
     pub(super) fn raw_redis(&self) -> CacheView {
-        use seckill_engine::adapters::embedded::Value;
-        use seckill_engine::adapters::script::{
+        use seckill_core::adapters::embedded::Value;
+        use seckill_core::adapters::script::{
             buyers_key, decode_bucket, gate_key, resv_key, stock_key, xfer_key,
         };
         fn text(b: &[u8]) -> &str {
@@ -176,8 +176,8 @@ impl World {
     /// rebuilds the marks from the ledger's journal). The reconciler finishes a transfer left
     /// unacked, so only a look at once tells a rebalancer that skips its ack.
     pub(super) fn transfers_acked(&self) -> Vec<inv::Violation> {
-        use seckill_engine::adapters::embedded::Value;
-        use seckill_engine::adapters::script::xfer_key;
+        use seckill_core::adapters::embedded::Value;
+        use seckill_core::adapters::script::xfer_key;
         let done = self.faults.take_transfers_done();
         let restarted = *self.redis.restarted_at.lock().expect("restarted");
         done.into_iter()
@@ -204,8 +204,8 @@ impl World {
     /// S5's ground ([`inv::s5_intents_move_forward`]) over the gates' intent versions read raw,
     /// against those of the last look since Redis last restarted.
     pub(super) fn gates_move_forward(&self) -> Vec<inv::Violation> {
-        use seckill_engine::adapters::embedded::Value;
-        use seckill_engine::adapters::script::gate_key;
+        use seckill_core::adapters::embedded::Value;
+        use seckill_core::adapters::script::gate_key;
         let restarted = *self.redis.restarted_at.lock().expect("restarted");
         let now: BTreeMap<u32, u64> = self.redis.model.read(|ks| {
             self.god
@@ -372,7 +372,7 @@ impl World {
     pub(super) fn raw_claim(&self) -> Option<String> {
         crate::stores::meta_claim(
             &self.redis.model,
-            &seckill_engine::adapters::script::meta_key(ACTIVITY),
+            &seckill_core::adapters::script::meta_key(ACTIVITY),
         )
     }
 
@@ -380,8 +380,8 @@ impl World {
     /// Redis holds the whole activity and no recovery is under way (read raw): the meta with
     /// its epoch and no claim, every stock key, every gate and none of them recovering.
     pub(super) fn healthy(&self) -> bool {
-        use seckill_engine::adapters::embedded::Value;
-        use seckill_engine::adapters::script::{gate_key, meta_key};
+        use seckill_core::adapters::embedded::Value;
+        use seckill_core::adapters::script::{gate_key, meta_key};
         let meta_ok = self
             .redis
             .model
@@ -404,7 +404,7 @@ impl World {
     }
 
     pub(super) fn stock_keys_present(&self) -> bool {
-        use seckill_engine::adapters::script::stock_key;
+        use seckill_core::adapters::script::stock_key;
         self.redis.model.read(|ks| {
             self.god
                 .plan
@@ -604,7 +604,7 @@ impl World {
     /// of a user whose every answer was definite ("duplicate", "sold out") came from a reserve
     /// the user was told had not happened: a re-sent script that answered its own first run
     /// "duplicate", say.
-    pub(super) fn orders_announced(&self, db: &seckill_engine::ports::LedgerView) -> Vec<inv::Violation> {
+    pub(super) fn orders_announced(&self, db: &seckill_core::ports::LedgerView) -> Vec<inv::Violation> {
         let h = self.history.lock().expect("history");
         let queued: BTreeSet<&String> = h.queued.iter().collect();
         db.orders
@@ -651,11 +651,8 @@ impl World {
     /// R1, bounded failures ([`inv::r1_failed_orders_bounded`]): the orders that failed for want
     /// of a unit (counted as the ledger refused them) against what Redis's restarts gave each
     /// bucket (counted as they happened).
-    pub(super) fn failed_orders_bounded(
-        &self,
-        db: &seckill_engine::ports::LedgerView,
-    ) -> Vec<inv::Violation> {
-        use seckill_engine::adapters::script::stock_key;
+    pub(super) fn failed_orders_bounded(&self, db: &seckill_core::ports::LedgerView) -> Vec<inv::Violation> {
+        use seckill_core::adapters::script::stock_key;
         let failed = self.ledger_log.out_of_stock.lock().expect("ledger log").clone();
         let overstated = self.redis.overstated.lock().expect("overstated").clone();
         let lost = self.redis.lost_reserves.lock().expect("lost reserves").clone();

@@ -4,8 +4,8 @@
 use super::fault::{ALL_FAULTS, CONSUMER_FAULTS, PRODUCER_FAULTS};
 use super::{Fault, ACTIVITY};
 use crate::SIM_EPOCH_MS;
-use seckill_engine::domain::{Activity, ActivitySpec};
-use seckill_engine::planted::Bug;
+use seckill_core::domain::{Activity, ActivitySpec};
+use seckill_core::planted::Bug;
 use serde::Serialize;
 
 #[derive(

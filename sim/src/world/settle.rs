@@ -3,8 +3,8 @@
 
 use super::{Fault, World, ACTIVITY, SETTLE_LIMIT};
 use crate::nodes::GROUP;
-use seckill_engine::planted;
-use seckill_engine::ports::{Ledger, StockCache};
+use seckill_core::planted;
+use seckill_core::ports::{Ledger, StockCache};
 use std::time::Duration;
 
 impl World {
@@ -28,7 +28,7 @@ impl World {
             // registry paused and resumes again, as one would.
             if operated {
                 let intent = self.god.ledger.registry(ACTIVITY).await.expect("in-process");
-                if intent.is_some_and(|r| r.intent.state != seckill_engine::domain::ActivityState::Open) {
+                if intent.is_some_and(|r| r.intent.state != seckill_core::domain::ActivityState::Open) {
                     self.faults
                         .event("operator: the registry is not open after the heal".into());
                     self.resume().await;
@@ -86,7 +86,7 @@ impl World {
             .filter(|b| {
                 b.gate
                     .as_ref()
-                    .is_none_or(|g| g.state != seckill_engine::domain::ActivityState::Open)
+                    .is_none_or(|g| g.state != seckill_core::domain::ActivityState::Open)
             })
             .map(|b| format!("{}: {:?}", b.bucket, b.gate))
             .collect();
@@ -128,7 +128,7 @@ impl World {
         let unreleased = db
             .orders
             .iter()
-            .filter(|o| o.status == seckill_engine::ports::OrderStatus::Cancelled)
+            .filter(|o| o.status == seckill_core::ports::OrderStatus::Cancelled)
             .filter(|o| !released.contains(&o.reservation.id))
             .count();
         if unreleased > 0 {
@@ -138,7 +138,7 @@ impl World {
         let unpaid = db
             .orders
             .iter()
-            .filter(|o| o.status == seckill_engine::ports::OrderStatus::Created)
+            .filter(|o| o.status == seckill_core::ports::OrderStatus::Created)
             .count();
         if unpaid > 0 {
             return format!("{unpaid} orders awaiting payment or their timeout");

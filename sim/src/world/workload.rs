@@ -7,9 +7,9 @@ use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::NodeHandle;
 use rand::SeedableRng;
-use seckill_engine::domain::{BucketRouter, UserId};
-use seckill_engine::ports::{Ledger, OrderStatus, PayOutcome};
-use seckill_engine::service::{OrderState, PurchaseOutcome};
+use seckill_core::domain::{BucketRouter, UserId};
+use seckill_core::ports::{Ledger, OrderStatus, PayOutcome};
+use seckill_core::service::{OrderState, PurchaseOutcome};
 use seckill_invariants as inv;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -297,7 +297,7 @@ impl World {
     /// ledger, in the state shown or one the ledger can have moved on to since (orders are never
     /// deleted and their states only move forward, so reading the ledger after the answer is
     /// sound); a page that names no order shows "queued" or "none".
-    pub(super) async fn status_true(&self, user: UserId, v: &seckill_engine::service::StatusView) {
+    pub(super) async fn status_true(&self, user: UserId, v: &seckill_core::service::StatusView) {
         // A live order stays live (created, paid, cancelled), so a page showing one must name
         // the user's live order now. A failed order frees its user, who may hold a live one
         // since: a page showing "failed" must name a failed order of this user.
@@ -374,12 +374,12 @@ impl World {
     pub(super) async fn queued_before_failed(
         &self,
         user: UserId,
-        expect: seckill_engine::domain::ReservationId,
-        v: &seckill_engine::service::StatusView,
+        expect: seckill_core::domain::ReservationId,
+        v: &seckill_core::service::StatusView,
         sent: Duration,
     ) {
-        use seckill_engine::adapters::embedded::Value;
-        use seckill_engine::adapters::script::{buyers_key, resv_key};
+        use seckill_core::adapters::embedded::Value;
+        use seckill_core::adapters::script::{buyers_key, resv_key};
         if v.state != OrderState::Failed || v.reservation == Some(expect) {
             return;
         }
@@ -431,7 +431,7 @@ impl World {
         ep: &Endpoint,
         engine: SocketAddr,
         user: UserId,
-        expect: Option<seckill_engine::domain::ReservationId>,
+        expect: Option<seckill_core::domain::ReservationId>,
     ) -> Option<OrderState> {
         // The user checks the order page a few times until the order shows up.
         let mut view = None;

@@ -1,18 +1,18 @@
 //! The models kept honest (DESIGN §9 v2): the simulation's stores — Redis, the ledger and the
 //! Kafka log, each behind its network front on a node of its own — pass the same conformance
-//! suites as the embedded and the real adapters (`seckill_engine::conformance`), no fault on.
+//! suites as the embedded and the real adapters (`seckill_testkit`), no fault on.
 
 use madsim::net::Endpoint;
 use madsim::runtime::Handle;
-use seckill_engine::adapters::embedded::EmbeddedLedger;
-use seckill_engine::adapters::script::ScriptedStockCache;
-use seckill_engine::conformance::{ledger_conformance, order_bus_conformance, stock_cache_conformance};
+use seckill_core::adapters::embedded::EmbeddedLedger;
+use seckill_core::adapters::script::ScriptedStockCache;
 use seckill_sim::faults::Faults;
 use seckill_sim::rpc;
 use seckill_sim::stores::{
     serve_kafka, serve_ledger, serve_redis, KafkaLog, LedgerLog, Persistence, RedisStore, SimBus, SimLedger,
     SimRedis,
 };
+use seckill_testkit::{ledger_conformance, order_bus_conformance, stock_cache_conformance};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

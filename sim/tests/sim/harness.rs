@@ -1,7 +1,7 @@
 //! The harness's own promises: a scenario's workload is its own at every size, and the replay
 //! command printed on a failure parses back into exactly the configuration that failed.
 
-use seckill_engine::planted::Bug;
+use seckill_core::planted::Bug;
 use seckill_sim::args::parse_replay;
 use seckill_sim::world::{Scenario, SimConfig, Size};
 

@@ -3,7 +3,7 @@
 //! without it); and a world that replays bit-identically (`MADSIM_TEST_CHECK_DETERMINISM=1`, run
 //! by ci/test.sh).
 
-use seckill_engine::planted::Bug;
+use seckill_core::planted::Bug;
 use seckill_sim::world::{self, Scenario, SimConfig, Verdict};
 
 /// Seeds per scenario in `cargo sim`; the nightly soak runs thousands.

@@ -1,6 +1,6 @@
 //! The purchase pipeline on embedded ports inside a madsim runtime, on a simulated node.
 
-use seckill_engine::demo::DemoConfig;
+use seckill_core::demo::DemoConfig;
 use seckill_sim::sale_on_embedded_ports;
 use std::time::Duration;
 

@@ -1,0 +1,157 @@
+//! Test doubles built from the real embedded ports: a script connection that counts calls or
+//! fails on demand, and a bus whose publish fails on demand. Faults live in wrappers, not in
+//! the code under test (STYLE §6).
+
+use seckill_core::adapters::embedded::{EmbeddedBus, EmbeddedRedis};
+use seckill_core::adapters::script::{Reply, ScriptConn, ScriptedStockCache};
+use seckill_core::domain::Reservation;
+use seckill_core::ports::{OrderBus, PortError, PortResult};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// What the next calls through a wrapper do.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum Mode {
+    Pass = 0,
+    FailDeterminate = 1,
+    /// The call happens, but the caller hears an error (a lost reply).
+    FailAfter = 2,
+    /// The request is lost on the way: nothing happens, and the caller hears a timeout.
+    LostBefore = 3,
+}
+
+#[derive(Clone, Default)]
+pub struct Knob(Arc<AtomicU8>);
+
+impl Knob {
+    pub fn set(&self, m: Mode) {
+        self.0.store(m as u8, Ordering::SeqCst);
+    }
+    fn get(&self) -> Mode {
+        match self.0.load(Ordering::SeqCst) {
+            1 => Mode::FailDeterminate,
+            2 => Mode::FailAfter,
+            3 => Mode::LostBefore,
+            _ => Mode::Pass,
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct TestRedis {
+    pub inner: EmbeddedRedis,
+    pub calls: Arc<AtomicU64>,
+    pub knob: Knob,
+}
+
+impl ScriptConn for TestRedis {
+    async fn eval_sha(&self, sha: &str, keys: &[String], args: &[String]) -> PortResult<Reply> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        match self.knob.get() {
+            Mode::Pass => self.inner.eval_sha(sha, keys, args).await,
+            Mode::FailDeterminate => Err(PortError::determinate("redis", "connection refused")),
+            Mode::FailAfter => {
+                let _ = self.inner.eval_sha(sha, keys, args).await;
+                Err(PortError::indeterminate(
+                    "redis",
+                    "timed out waiting for the reply",
+                ))
+            }
+            Mode::LostBefore => Err(PortError::indeterminate("redis", "timed out")),
+        }
+    }
+
+    async fn script_load(&self, source: &str) -> PortResult<()> {
+        self.inner.script_load(source).await
+    }
+
+    async fn run_id(&self) -> PortResult<String> {
+        self.inner.run_id().await
+    }
+}
+
+pub type TestCache = ScriptedStockCache<TestRedis>;
+
+type Hook = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Clone)]
+pub struct TestBus {
+    pub inner: EmbeddedBus,
+    pub knob: Knob,
+    /// Runs at every publish, before the knob decides (something else happening meanwhile).
+    hook: Arc<std::sync::Mutex<Option<Hook>>>,
+}
+
+impl TestBus {
+    pub fn new(inner: EmbeddedBus) -> Self {
+        TestBus {
+            inner,
+            knob: Knob::default(),
+            hook: Arc::default(),
+        }
+    }
+
+    pub fn on_publish(&self, f: impl Fn() + Send + Sync + 'static) {
+        *self.hook.lock().unwrap() = Some(Box::new(f));
+    }
+}
+
+impl OrderBus for TestBus {
+    type Source = <EmbeddedBus as OrderBus>::Source;
+
+    async fn publish(&self, r: &Reservation) -> PortResult<()> {
+        if let Some(f) = self.hook.lock().unwrap().as_ref() {
+            f();
+        }
+        match self.knob.get() {
+            Mode::Pass => self.inner.publish(r).await,
+            Mode::FailDeterminate => Err(PortError::determinate("publish", "broker refused")),
+            Mode::FailAfter => {
+                self.inner.publish(r).await?;
+                Err(PortError::indeterminate(
+                    "publish",
+                    "no ack within message.timeout.ms",
+                ))
+            }
+            Mode::LostBefore => Err(PortError::indeterminate(
+                "publish",
+                "no ack within message.timeout.ms",
+            )),
+        }
+    }
+
+    async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
+        self.inner.publish_raw(key, payload).await
+    }
+
+    async fn lag(&self, group: &str) -> PortResult<u64> {
+        self.inner.lag(group).await
+    }
+
+    async fn subscribe(&self, group: &str) -> PortResult<Self::Source> {
+        self.inner.subscribe(group).await
+    }
+}
+
+/// A user's HS256 JWT signed with `secret`, valid for ten minutes of wall time: what the login
+/// service gives a client that talks to a served engine.
+pub fn user_jwt(secret: &str, user: u64) -> String {
+    user_jwt_for(secret, user, None)
+}
+
+/// The same, for the audience `aud` (what a served engine on real stores requires).
+pub fn user_jwt_for(secret: &str, user: u64, aud: Option<&str>) -> String {
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    seckill_api::identity::mint(
+        secret.as_bytes(),
+        seckill_core::domain::UserId(user),
+        exp,
+        None,
+        aud,
+    )
+}
