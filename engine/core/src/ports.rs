@@ -17,12 +17,49 @@ use std::future::Future;
 
 pub use seckill_invariants::OrderStatus;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+/// A port's failure: what was attempted (`op`), why it failed, and — from a real store — the
+/// client's error that caused it (`source`, for the log's chain of causes). Two errors are equal
+/// when their kind, op and reason are: the cause is neither compared nor serialized (a simulated
+/// node's error crosses the simulated network without it).
+#[derive(Clone, thiserror::Error, Serialize, Deserialize)]
 pub enum PortError {
     #[error("{op} did not happen: {reason}")]
-    Determinate { op: String, reason: String },
+    Determinate {
+        op: String,
+        reason: String,
+        #[serde(skip)]
+        source: Option<Cause>,
+    },
     #[error("{op} outcome unknown: {reason}")]
-    Indeterminate { op: String, reason: String },
+    Indeterminate {
+        op: String,
+        reason: String,
+        #[serde(skip)]
+        source: Option<Cause>,
+    },
+}
+
+/// The error a port's failure came from (a store client's), shared so that the error stays
+/// `Clone`.
+#[derive(Clone)]
+pub struct Cause(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl std::fmt::Debug for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 impl PortError {
@@ -30,6 +67,7 @@ impl PortError {
         PortError::Determinate {
             op: op.to_string(),
             reason: reason.into(),
+            source: None,
         }
     }
 
@@ -37,11 +75,63 @@ impl PortError {
         PortError::Indeterminate {
             op: op.to_string(),
             reason: reason.into(),
+            source: None,
         }
+    }
+
+    /// `determinate`, its reason the client's error `e`, which it keeps as its source.
+    pub fn determinate_from(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        PortError::determinate(op, e.to_string()).caused_by(e)
+    }
+
+    /// `indeterminate`, its reason the client's error `e`, which it keeps as its source.
+    pub fn indeterminate_from(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        PortError::indeterminate(op, e.to_string()).caused_by(e)
+    }
+
+    /// The same failure, caused by `e`.
+    pub fn caused_by(mut self, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let (PortError::Determinate { source, .. } | PortError::Indeterminate { source, .. }) = &mut self;
+        *source = Some(Cause(std::sync::Arc::new(e)));
+        self
     }
 
     pub fn is_indeterminate(&self) -> bool {
         matches!(self, PortError::Indeterminate { .. })
+    }
+
+    fn parts(&self) -> (bool, &str, &str, Option<&Cause>) {
+        match self {
+            PortError::Determinate { op, reason, source } => (false, op, reason, source.as_ref()),
+            PortError::Indeterminate { op, reason, source } => (true, op, reason, source.as_ref()),
+        }
+    }
+}
+
+impl PartialEq for PortError {
+    fn eq(&self, other: &Self) -> bool {
+        let ((a, b, c, _), (x, y, z, _)) = (self.parts(), other.parts());
+        (a, b, c) == (x, y, z)
+    }
+}
+
+impl Eq for PortError {}
+
+/// As derived, but for the source, shown only when there is one.
+impl std::fmt::Debug for PortError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (indeterminate, op, reason, source) = self.parts();
+        let name = if indeterminate {
+            "Indeterminate"
+        } else {
+            "Determinate"
+        };
+        let mut d = f.debug_struct(name);
+        d.field("op", &op).field("reason", &reason);
+        if let Some(s) = source {
+            d.field("source", s);
+        }
+        d.finish()
     }
 }
 
@@ -704,5 +794,28 @@ impl ReconcileView {
         }
         view.cancelled.sort_by_key(|r| r.id);
         view
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PortError;
+    use std::error::Error;
+
+    #[test]
+    fn a_port_error_keeps_its_cause_as_its_source_and_compares_without_it() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let e = PortError::indeterminate_from("publish", io);
+        assert_eq!(e.to_string(), "publish outcome unknown: connection refused");
+        let source = e.source().expect("the client's error is the source");
+        assert_eq!(source.to_string(), "connection refused");
+        assert_eq!(e, PortError::indeterminate("publish", "connection refused"));
+        assert_ne!(e, PortError::determinate("publish", "connection refused"));
+        // Without a cause, Debug reads as the derived one did (the simulation's reports quote it).
+        assert_eq!(
+            format!("{:?}", PortError::determinate("reserve", "gated")),
+            r#"Determinate { op: "reserve", reason: "gated" }"#
+        );
+        assert!(PortError::determinate("reserve", "gated").source().is_none());
     }
 }

@@ -131,7 +131,9 @@ impl Health {
     /// `e`, with the client's latest error appended when there is one.
     fn explain(&self, op: &'static str, e: KafkaError) -> PortError {
         match locked(&self.last_error).clone() {
-            Some(last) => PortError::determinate(op, format!("{e} (latest client error: {last})")),
+            Some(last) => {
+                PortError::determinate(op, format!("{e} (latest client error: {last})")).caused_by(e)
+            }
             None => kafka_err(op, e),
         }
     }
@@ -184,7 +186,7 @@ fn client_config(cfg: &KafkaConfig) -> ClientConfig {
 }
 
 fn kafka_err(op: &'static str, e: KafkaError) -> PortError {
-    PortError::determinate(op, e.to_string())
+    PortError::determinate_from(op, e)
 }
 
 /// Run a blocking librdkafka call on the blocking pool.
@@ -194,7 +196,7 @@ async fn blocking<T: Send + 'static>(
 ) -> PortResult<T> {
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r.map_err(|e| kafka_err(op, e)),
-        Err(e) => Err(PortError::indeterminate(op, e.to_string())),
+        Err(e) => Err(PortError::indeterminate_from(op, e)),
     }
 }
 
@@ -229,7 +231,7 @@ impl KafkaBus {
     ) -> PortResult<()> {
         match tokio::task::spawn_blocking(f).await {
             Ok(r) => r.map_err(|e| self.health.explain(op, e)),
-            Err(e) => Err(PortError::indeterminate(op, e.to_string())),
+            Err(e) => Err(PortError::indeterminate_from(op, e)),
         }
     }
 
@@ -301,7 +303,7 @@ impl KafkaBus {
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
                 Err(PortError::determinate("publish", "message too large"))
             }
-            Err((e, _)) => Err(PortError::indeterminate("publish", e.to_string())),
+            Err((e, _)) => Err(PortError::indeterminate_from("publish", e)),
         }
     }
 

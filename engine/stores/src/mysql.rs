@@ -75,7 +75,7 @@ pub struct MysqlLedger {
 }
 
 fn determinate(op: &'static str) -> impl Fn(sqlx::Error) -> PortError {
-    move |e| PortError::determinate(op, e.to_string())
+    move |e| PortError::determinate_from(op, e)
 }
 
 fn parse_status(s: &str) -> PortResult<OrderStatus> {
@@ -119,7 +119,7 @@ const REGISTRY: &str = "activity JOIN activity_generation ON activity_generation
 
 fn registered_of_row(row: &MySqlRow) -> PortResult<Registered> {
     let op = "read activity";
-    let get = |e: sqlx::Error| PortError::determinate(op, e.to_string());
+    let get = |e: sqlx::Error| PortError::determinate_from(op, e);
     let id = ActivityId(row.try_get("id").map_err(get)?);
     let spec = ActivitySpec {
         id,
@@ -132,8 +132,9 @@ fn registered_of_row(row: &MySqlRow) -> PortResult<Registered> {
         pay_timeout_ms: row.try_get("pay_timeout_ms").map_err(get)?,
         unit_price_minor: row.try_get("unit_price_minor").map_err(get)?,
     };
-    let activity = Activity::new(spec)
-        .map_err(|e| PortError::determinate(op, format!("stored activity {id} is invalid: {e}")))?;
+    let activity = Activity::new(spec).map_err(|e| {
+        PortError::determinate(op, format!("stored activity {id} is invalid: {e}")).caused_by(e)
+    })?;
     let state: String = row.try_get("state").map_err(get)?;
     let state = ActivityState::parse(&state)
         .filter(|s| *s != ActivityState::Recovering)
@@ -149,7 +150,7 @@ fn registered_of_row(row: &MySqlRow) -> PortResult<Registered> {
 }
 
 fn order_of_row(row: &MySqlRow) -> PortResult<OrderRow> {
-    let get = |e: sqlx::Error| PortError::determinate("read order", e.to_string());
+    let get = |e: sqlx::Error| PortError::determinate_from("read order", e);
     let id: String = row.try_get("reservation_id").map_err(get)?;
     let status: String = row.try_get("status").map_err(get)?;
     Ok(OrderRow {
@@ -180,7 +181,7 @@ impl MysqlLedger {
     /// 503) while the database is down.
     pub fn connect_lazy(cfg: &MysqlConfig) -> PortResult<MysqlLedger> {
         let options = MySqlConnectOptions::from_str(&cfg.url)
-            .map_err(|e| PortError::determinate("mysql config", format!("DATABASE_URL: {e}")))?;
+            .map_err(|e| PortError::determinate("mysql config", format!("DATABASE_URL: {e}")).caused_by(e))?;
         let pool = MySqlPoolOptions::new()
             .max_connections(cfg.max_connections)
             .acquire_timeout(cfg.acquire_timeout)
@@ -229,7 +230,7 @@ impl MysqlLedger {
         MIGRATOR
             .run(&self.pool)
             .await
-            .map_err(|e| PortError::determinate("migrate", e.to_string()))
+            .map_err(|e| PortError::determinate_from("migrate", e))
     }
 
     async fn journal(
@@ -391,8 +392,10 @@ async fn retrying<T, Fut: std::future::Future<Output = TxResult<T>>>(
             Err(TxError::Sql(e)) if is_retryable(&e) && tries < TX_ATTEMPTS => {
                 tokio::time::sleep(Duration::from_millis(5 << tries)).await;
             }
-            Err(TxError::Sql(e)) => return Err(PortError::determinate(op, e.to_string())),
-            Err(TxError::Commit(e)) => return Err(PortError::indeterminate(op, format!("commit: {e}"))),
+            Err(TxError::Sql(e)) => return Err(PortError::determinate_from(op, e)),
+            Err(TxError::Commit(e)) => {
+                return Err(PortError::indeterminate(op, format!("commit: {e}")).caused_by(e))
+            }
             Err(TxError::Refused(e)) => return Err(e),
         }
     }
@@ -809,7 +812,7 @@ impl Ledger for MysqlLedger {
         .execute(&self.pool)
         .await
         // A single autocommit statement whose reply was lost may have committed.
-        .map_err(|e| PortError::indeterminate(op, e.to_string()))?
+        .map_err(|e| PortError::indeterminate_from(op, e))?
         .rows_affected();
         if paid == 1 {
             return Ok(PayOutcome::Paid);
@@ -863,7 +866,7 @@ impl Ledger for MysqlLedger {
         mentioned: &BTreeSet<ReservationId>,
     ) -> PortResult<ReconcileView> {
         let op = "reconcile view";
-        let get = |e: sqlx::Error| PortError::determinate(op, e.to_string());
+        let get = |e: sqlx::Error| PortError::determinate_from(op, e);
         let mut tx = self.consistent_read().await.map_err(determinate(op))?;
         let sold = sqlx::query(
             "SELECT bucket_no, CAST(SUM(qty) AS UNSIGNED) AS sold FROM seckill_order \
@@ -948,7 +951,7 @@ impl Ledger for MysqlLedger {
         .await
         .map_err(determinate(op))?;
         drop(tx);
-        let get = |e: sqlx::Error| PortError::determinate(op, e.to_string());
+        let get = |e: sqlx::Error| PortError::determinate_from(op, e);
         Ok(LedgerView {
             buckets: buckets
                 .iter()

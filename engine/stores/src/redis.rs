@@ -73,8 +73,9 @@ impl RedisConfig {
 }
 
 fn read_pem(path: &std::path::Path) -> PortResult<Vec<u8>> {
-    std::fs::read(path)
-        .map_err(|e| PortError::determinate("redis connect", format!("reading {}: {e}", path.display())))
+    std::fs::read(path).map_err(|e| {
+        PortError::determinate("redis connect", format!("reading {}: {e}", path.display())).caused_by(e)
+    })
 }
 
 fn certificates(tls: &TlsFiles) -> PortResult<TlsCertificates> {
@@ -99,7 +100,7 @@ pub enum RedisConn {
 
 impl RedisConn {
     pub async fn connect(cfg: &RedisConfig) -> PortResult<RedisConn> {
-        let fail = |e: RedisError| PortError::determinate("redis connect", e.to_string());
+        let fail = |e: RedisError| PortError::determinate_from("redis connect", e);
         let connect = async {
             if cfg.cluster {
                 let mut builder = ClusterClient::builder(cfg.urls.clone())
@@ -153,8 +154,8 @@ impl RedisConn {
             Ok(v) => Ok(reply_of(v)),
             Err(e) => match server_error(&e) {
                 Some(text) => Ok(Reply::Error(text)),
-                None if e.is_connection_refusal() => Err(PortError::determinate(op, e.to_string())),
-                None => Err(PortError::indeterminate(op, e.to_string())),
+                None if e.is_connection_refusal() => Err(PortError::determinate_from(op, e)),
+                None => Err(PortError::indeterminate_from(op, e)),
             },
         }
     }
@@ -173,7 +174,7 @@ impl RedisConn {
                 match c.route_command(cmd.clone(), route).await {
                     Ok(Value::Map(per_node)) => Ok(per_node.into_iter().map(|(_, v)| reply_of(v)).collect()),
                     Ok(v) => Ok(vec![reply_of(v)]),
-                    Err(e) => Err(PortError::indeterminate(op, e.to_string())),
+                    Err(e) => Err(PortError::indeterminate_from(op, e)),
                 }
             }
         }
