@@ -225,7 +225,9 @@ fn run_demo(args: DemoArgs) -> ExitCode {
         match args.backend {
             Backend::Embedded => demo::run(&cfg, clock, move || tick.inc(1)).await,
             Backend::Real => {
-                let real = tools::connect().await.map_err(demo::DemoError::Setup)?;
+                let real = tools::connect()
+                    .await
+                    .map_err(|e| demo::DemoError::Setup(format!("{e:#}")))?;
                 let id = ActivityId(args.activity.unwrap_or(wall_now_ms));
                 tick.println(format!("activity {id} on the real stores"));
                 demo::run_on(

@@ -261,7 +261,7 @@ fn run_load(args: LoadArgs) -> ExitCode {
     let r = match result {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", tools::chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -365,7 +365,7 @@ fn run_stages(args: LoadArgs) -> ExitCode {
     let report = match result {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", tools::chain(&e));
             return ExitCode::from(2);
         }
     };

@@ -2,6 +2,7 @@
 //! connected, the roles composed over them and the listeners started; stops on SIGTERM.
 
 use super::tools::{run_on, runtime_multi, wall_now_ms};
+use anyhow::Context;
 use seckill_stores::backend::{RealBackend, RealSettings};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use std::time::Duration;
 /// With real stores, every secret must be one somebody chose (`config::placeholder`): the
 /// example environment file and the documentation's values are refused by name, the stores' URL
 /// passwords included.
-fn refuse_placeholders(cfg: &seckill_api::config::ServeConfig, s: &RealSettings) -> Result<(), String> {
+fn refuse_placeholders(cfg: &seckill_api::config::ServeConfig, s: &RealSettings) -> anyhow::Result<()> {
     use seckill_api::config::{placeholder, JwtKeys};
     let url_password = |u: &str| {
         url::Url::parse(u)
@@ -44,7 +45,7 @@ fn refuse_placeholders(cfg: &seckill_api::config::ServeConfig, s: &RealSettings)
     }
     for (what, secret) in secrets {
         if let Some(why) = secret.and_then(placeholder) {
-            return Err(format!(
+            anyhow::bail!(format!(
                 "{what}: {why}: with real stores every secret must be one you chose (e.g. `openssl rand -hex 32`)"
             ));
         }
@@ -107,8 +108,7 @@ pub fn serve(
         Err(code) => return code,
     };
     run_on(runtime, async move {
-        let settings = RealSettings::from_lookup(|k| env(k).filter(|v| !v.trim().is_empty()))
-            .map_err(|e| e.to_string())?;
+        let settings = RealSettings::from_lookup(|k| env(k).filter(|v| !v.trim().is_empty()))?;
         let mut rng = rand::rngs::StdRng::from_entropy();
         // What is allowed but said loudly: printed by --check-config, logged at warn at start.
         let mut warnings = Vec::new();
@@ -130,7 +130,7 @@ pub fn serve(
                 ),
             ] {
                 if missing {
-                    return Err(format!("{what}: required with real stores"));
+                    anyhow::bail!(format!("{what}: required with real stores"));
                 }
             }
             if let Some(s) = &settings {
@@ -143,14 +143,14 @@ pub fn serve(
                              the ledger can read and rewrite it"
                         )),
                         None | Some("0") => {
-                            return Err(format!(
+                            anyhow::bail!(format!(
                                 "DATABASE_URL: {why}: anyone on the path could read and rewrite the ledger \
                                  (an order set to paid). Add ssl-mode=verify_identity (and ssl-ca=<the CA's \
                                  PEM file> unless the system's roots sign the server's certificate), or set \
                                  {var}=1 to accept an unverified connection (logged at every start)"
                             ))
                         }
-                        Some(other) => return Err(format!("{var}: must be 1 or 0, got {other:?}")),
+                        Some(other) => anyhow::bail!(format!("{var}: must be 1 or 0, got {other:?}")),
                     }
                 }
             }
@@ -158,7 +158,7 @@ pub fn serve(
                 .as_ref()
                 .map_or(Duration::ZERO, |s| s.kafka.message_timeout);
             if cfg.request_timeout <= delivery {
-                return Err(format!(
+                anyhow::bail!(format!(
                     "request_timeout_ms: {} ms is not longer than the order bus's delivery timeout ({} ms): \
                      a slow bus would answer \"outcome unknown\" instead of \"queued\"",
                     cfg.request_timeout.as_millis(),
@@ -200,7 +200,7 @@ pub fn serve(
         }
         if settings.is_none() && cfg.jwt.is_none() {
             let path = seckill_api::identity::dev_secret_path();
-            let secret = seckill_api::identity::dev_secret(&mut rng)?;
+            let secret = seckill_api::identity::dev_secret(&mut rng).map_err(anyhow::Error::msg)?;
             eprintln!(
                 "no jwt_secret: user JWTs are checked with the development key in {} \
                  (mint one with `seckill jwt --user N`; never in production)",
@@ -214,32 +214,33 @@ pub fn serve(
         }
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
-            .map_err(|e| format!("listen {}: {e}", cfg.listen))?;
+            .with_context(|| format!("listen {}", cfg.listen))?;
         let admin = tokio::net::TcpListener::bind(cfg.admin_listen)
             .await
-            .map_err(|e| format!("admin_listen {}: {e}", cfg.admin_listen))?;
+            .with_context(|| format!("admin_listen {}", cfg.admin_listen))?;
         let clock = Clock::new(wall_now_ms(), tokio::time::Instant::now());
         let shutdown = async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .map_err(|e| e.to_string())?;
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
                 _ = term.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}
             }
-            Ok::<(), String>(())
+            Ok::<(), anyhow::Error>(())
         };
         match settings {
             None => {
                 tracing::warn!("no store settings: serving on the embedded stores (in memory, not durable)");
                 let stores = Stores::embedded();
-                let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
-                let running = serve::start(api, listener, admin, &mut rng).await?;
+                let api = serve::api(&cfg, stores, &secrets, clock, &mut rng).map_err(anyhow::Error::msg)?;
+                let running = serve::start(api, listener, admin, &mut rng)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
                 tracing::info!(addr = %running.addr, admin = %running.admin_addr, "listening");
                 shutdown.await?;
-                running.shutdown().await.map_err(|e| e.to_string())?;
+                running.shutdown().await?;
             }
             Some(s) => {
-                let real = RealBackend::connect(&s).await.map_err(|e| e.to_string())?;
+                let real = RealBackend::connect(&s).await?;
                 let nonces = RedisNonces::new(real.cache.conn().clone());
                 let limiter = RedisRateLimiter::new(real.cache.conn().clone());
                 let bus = real.bus.clone();
@@ -251,8 +252,10 @@ pub fn serve(
                     limiter: Some(limiter),
                 };
                 let pool = stores.ledger.pool().clone();
-                let api = serve::api(&cfg, stores, &secrets, clock, &mut rng)?;
-                let running = serve::start(api, listener, admin, &mut rng).await?;
+                let api = serve::api(&cfg, stores, &secrets, clock, &mut rng).map_err(anyhow::Error::msg)?;
+                let running = serve::start(api, listener, admin, &mut rng)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
                 tracing::info!(addr = %running.addr, admin = %running.admin_addr, roles = %cfg.roles, "listening on the real stores");
                 let gauges = tokio::spawn(async move {
                     loop {
@@ -262,9 +265,9 @@ pub fn serve(
                     }
                 });
                 shutdown.await?;
-                running.shutdown().await.map_err(|e| e.to_string())?;
+                running.shutdown().await?;
                 gauges.abort();
-                bus.flush().await.map_err(|e| e.to_string())?;
+                bus.flush().await?;
             }
         }
         tracing::info!("stopped");

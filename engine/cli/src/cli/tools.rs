@@ -2,6 +2,7 @@
 //! Exit codes: 0 all good, 1 an invariant is violated (or the reconciler found a difference it
 //! cannot explain), 2 the command could not run (bad settings, a store unreachable).
 
+use anyhow::Context;
 use seckill_core::domain::{ActivityId, StockPlan};
 use seckill_core::jobs::{self, ReconcileConfig};
 use seckill_core::ports::Ledger;
@@ -38,15 +39,15 @@ pub fn wall_now_ms() -> u64 {
 }
 
 /// Connect to the stores the environment names (all three are required here).
-pub async fn connect() -> Result<RealBackend, String> {
-    let settings = RealSettings::from_env().map_err(|e| e.to_string())?.ok_or(
+pub async fn connect() -> anyhow::Result<RealBackend> {
+    let settings = RealSettings::from_env()?.context(
         "no stores configured: set REDIS_URL, KAFKA_BROKERS and DATABASE_URL (ci/services.sh writes them)",
     )?;
-    RealBackend::connect(&settings).await.map_err(|e| e.to_string())
+    Ok(RealBackend::connect(&settings).await?)
 }
 
 /// Run `f` on a fresh current-thread runtime; an `Err` is printed and exits 2.
-fn run(f: impl std::future::Future<Output = Result<ExitCode, String>>) -> ExitCode {
+fn run(f: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     match runtime() {
         Ok(rt) => run_on(rt, f),
         Err(code) => code,
@@ -55,34 +56,50 @@ fn run(f: impl std::future::Future<Output = Result<ExitCode, String>>) -> ExitCo
 
 pub fn run_on(
     runtime: tokio::runtime::Runtime,
-    f: impl std::future::Future<Output = Result<ExitCode, String>>,
+    f: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
 ) -> ExitCode {
     match runtime.block_on(f) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", chain(&e));
             ExitCode::from(2)
         }
     }
 }
 
+/// An error and its causes on one line, as `{:#}` prints them, but for a cause whose text the
+/// line already ends with (a store's error keeps its client's error as its source and quotes it).
+pub fn chain(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 pub fn migrate() -> ExitCode {
     run(async {
-        let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL: not set".to_string())?;
-        let ledger = MysqlLedger::connect_lazy(&MysqlConfig::new(&url)).map_err(|e| e.to_string())?;
-        ledger.migrate().await.map_err(|e| e.to_string())?;
+        let url = std::env::var("DATABASE_URL").context("DATABASE_URL: not set")?;
+        let ledger = MysqlLedger::connect_lazy(&MysqlConfig::new(&url))?;
+        ledger.migrate().await?;
         println!("migrations applied");
         Ok(ExitCode::SUCCESS)
     })
 }
 
-async fn load(real: &RealBackend, id: ActivityId) -> Result<StockPlan, String> {
+async fn load(real: &RealBackend, id: ActivityId) -> anyhow::Result<StockPlan> {
     let activity = real
         .ledger
         .activity(id)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("--activity: activity {id} is not installed in the ledger"))?;
+        .await?
+        .with_context(|| format!("--activity: activity {id} is not installed in the ledger"))?;
     Ok(StockPlan::new(&activity))
 }
 
@@ -90,9 +107,7 @@ pub fn audit(id: u64, json: bool) -> ExitCode {
     run(async move {
         let real = connect().await?;
         let plan = load(&real, ActivityId(id)).await?;
-        let audit = audit::audit(&real.cache, &real.ledger, &real.bus, &plan)
-            .await
-            .map_err(|e| e.to_string())?;
+        let audit = audit::audit(&real.cache, &real.ledger, &real.bus, &plan).await?;
         let (lag, quiescent, violations) = (audit.consumer_lag, audit.r1_checked, &audit.violations);
         let checked: Vec<Invariant> = [
             Invariant::S1NoOversell,
@@ -162,8 +177,7 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
             wall_now_ms(),
             &ReconcileConfig::default(),
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         if json {
             let mut value = serde_json::to_value(&r).expect("plain data");
             value["activity"] = serde_json::json!(id);
@@ -187,4 +201,27 @@ pub fn reconcile(id: u64, json: bool) -> ExitCode {
             ExitCode::from(1)
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+    use anyhow::Context;
+    use seckill_core::ports::PortError;
+
+    #[test]
+    fn an_error_prints_with_its_causes_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let e = Err::<(), _>(PortError::determinate_from("redis connect", refused))
+            .context("audit")
+            .unwrap_err();
+        assert_eq!(
+            chain(&e),
+            "audit: redis connect did not happen: connection refused"
+        );
+        let e = Err::<(), _>(std::io::Error::other("address in use"))
+            .context("listen 127.0.0.1:8080")
+            .unwrap_err();
+        assert_eq!(chain(&e), "listen 127.0.0.1:8080: address in use");
+    }
 }

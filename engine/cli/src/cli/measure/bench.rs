@@ -8,6 +8,7 @@
 //! there to show that the check can see it).
 
 use crate::cli::tools::{run_on, runtime_multi, wall_now_ms};
+use anyhow::Context;
 use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
 use seckill_core::adapters::script::{Reply, Script, ScriptConn, ScriptedStockCache};
@@ -283,8 +284,8 @@ pub async fn consume<B: OrderBus, L: Ledger, C: StockCache>(
     group: &str,
     orders: u64,
     max_batch: usize,
-) -> Result<(f64, u64), String> {
-    let source = bus.subscribe(group).await.map_err(|e| e.to_string())?;
+) -> anyhow::Result<(f64, u64)> {
+    let source = bus.subscribe(group).await?;
     let mut consumer =
         seckill_core::service::OrderConsumer::new(ledger.clone(), cache.clone(), source, max_batch);
     let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
@@ -292,13 +293,13 @@ pub async fn consume<B: OrderBus, L: Ledger, C: StockCache>(
     let mut applied = 0u64;
     while applied < orders {
         let t = tokio::time::Instant::now();
-        let r = consumer.run_once().await.map_err(|e| e.to_string())?;
+        let r = consumer.run_once().await?;
         if r.delivered > 0 {
             let _ = h.record(t.elapsed().as_micros().max(1) as u64);
         }
         applied += r.delivered;
         if started.elapsed() > Duration::from_secs(300) {
-            return Err(format!("only {applied} of {orders} applied in 300 s"));
+            anyhow::bail!(format!("only {applied} of {orders} applied in 300 s"));
         }
     }
     Ok((
@@ -320,17 +321,18 @@ const FONT_PATHS: [&str; 2] = [
 /// per row, red where the strategy oversold.
 /// The table as CSV (the `csv` crate: names with commas or quotes stay one field), one header
 /// row and one row per strategy; rates to 0.1 op/s and ratios to 4 places, as the table prints.
-pub fn write_csv(rows: &[Row], path: &std::path::Path) -> Result<(), String> {
-    let mut w = csv::Writer::from_path(path).map_err(|e| e.to_string())?;
+pub fn write_csv(rows: &[Row], path: &std::path::Path) -> anyhow::Result<()> {
+    let mut w = csv::Writer::from_path(path)?;
     for r in rows {
         let rounded = Row {
             ops_per_sec: (r.ops_per_sec * 10.0).round() / 10.0,
             ratio: (r.ratio * 10_000.0).round() / 10_000.0,
             ..r.clone()
         };
-        w.serialize(rounded).map_err(|e| e.to_string())?;
+        w.serialize(rounded)?;
     }
-    w.flush().map_err(|e| e.to_string())
+    w.flush()?;
+    Ok(())
 }
 
 /// The strategies' ops/s as a PNG bar chart, log scale (red: oversold).
@@ -432,18 +434,17 @@ pub fn run(opts: BenchOptions) -> ExitCode {
         Err(code) => return code,
     };
     run_on(runtime, async move {
-        let settings = RealSettings::from_env()
-            .map_err(|e| e.to_string())?
-            .ok_or("bench needs the real stores: set REDIS_URL, KAFKA_BROKERS and DATABASE_URL")?;
-        let real = RealBackend::connect(&settings).await.map_err(|e| e.to_string())?;
+        let settings = RealSettings::from_env()?
+            .context("bench needs the real stores: set REDIS_URL, KAFKA_BROKERS and DATABASE_URL")?;
+        let real = RealBackend::connect(&settings).await?;
         let run = wall_now_ms();
         let wanted = |name: &str| opts.only.as_ref().is_none_or(|o| name.contains(o.as_str()));
         let conns = |cfg: RedisConfig, n: usize| async move {
             let mut v = Vec::with_capacity(n);
             for _ in 0..n {
-                v.push(RedisConn::connect(&cfg).await.map_err(|e| e.to_string())?);
+                v.push(RedisConn::connect(&cfg).await?);
             }
-            Ok::<_, String>(v)
+            Ok::<_, anyhow::Error>(v)
         };
         let single = conns(settings.redis.clone(), opts.concurrency).await?;
         let mut strategies: Vec<Arc<dyn Strategy>> = Vec::new();
@@ -483,7 +484,11 @@ pub fn run(opts: BenchOptions) -> ExitCode {
         bar.enable_steady_tick(Duration::from_millis(200));
         for s in strategies.into_iter().filter(|s| wanted(&s.name())) {
             bar.set_message(s.name());
-            rows.push(bench::measure(s, opts.duration, opts.concurrency).await?);
+            rows.push(
+                bench::measure(s, opts.duration, opts.concurrency)
+                    .await
+                    .map_err(anyhow::Error::msg)?,
+            );
             bar.inc(1);
         }
         // The engine's reserve path against the raw script: fresh activities, ample stock.
@@ -515,7 +520,9 @@ pub fn run(opts: BenchOptions) -> ExitCode {
         ];
         for s in engine_pair.into_iter().filter(|s| wanted(&s.name())) {
             bar.set_message(s.name());
-            let mut row = bench::measure_throughput(s, opts.duration, opts.concurrency).await?;
+            let mut row = bench::measure_throughput(s, opts.duration, opts.concurrency)
+                .await
+                .map_err(anyhow::Error::msg)?;
             row.oversold = None;
             rows.push(row);
             bar.inc(1);
@@ -535,10 +542,7 @@ pub fn run(opts: BenchOptions) -> ExitCode {
             let id = run + 2 + max_batch as u64;
             let activity = bench::bench_activity(id, 1_000_000_000);
             let plan = seckill_core::domain::StockPlan::new(&activity);
-            real.ledger
-                .install(&activity, &plan)
-                .await
-                .map_err(|e| e.to_string())?;
+            real.ledger.install(&activity, &plan).await?;
             for i in 0..opts.orders {
                 let user = seckill_core::domain::UserId(i + 1);
                 let r = seckill_core::domain::Reservation {
@@ -550,7 +554,7 @@ pub fn run(opts: BenchOptions) -> ExitCode {
                     reserved_at_ms: wall_now_ms(),
                     generation: 0,
                 };
-                real.bus.publish(&r).await.map_err(|e| e.to_string())?;
+                real.bus.publish(&r).await?;
             }
             let group = format!("bench-{id}");
             let (ops, p99) = bench::consume(
@@ -577,10 +581,12 @@ pub fn run(opts: BenchOptions) -> ExitCode {
         bar.finish_and_clear();
         let rows = bench::with_ratios(rows);
         if let Some(path) = &opts.csv {
-            bench::write_csv(&rows, path).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+            bench::write_csv(&rows, path).with_context(|| format!("--csv {}", path.display()))?;
         }
         if let Some(path) = &opts.plot {
-            bench::plot(&rows, path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
+            bench::plot(&rows, path)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("--plot {}", path.display()))?;
         }
         if opts.json {
             let value = serde_json::json!({

@@ -7,6 +7,7 @@
 //! `--target healthz` sends `GET /healthz` instead: the hello-world baseline the purchase route
 //! is compared with (same server, same generator, same machine).
 
+use anyhow::Context;
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -266,22 +267,22 @@ pub fn clicks(cfg: &LoadConfig, buckets: u32) -> Vec<u64> {
 pub async fn run(
     cfg: &LoadConfig,
     on_answer: impl Fn() + Send + Sync + 'static,
-) -> Result<LoadReport, String> {
+) -> anyhow::Result<LoadReport> {
     let buckets = if cfg.target == Target::Purchase {
-        let first = *cfg.addrs.first().ok_or("no server to load")?;
+        let first = *cfg.addrs.first().context("no server to load")?;
         let mut c = Conn::new(first);
         let status = c
             .request("GET", &format!("/api/v1/activities/{}", cfg.activity), "", "")
             .await
-            .map_err(|e| format!("--url: cannot reach {first}: {e}"))?;
+            .with_context(|| format!("--url: cannot reach {first}"))?;
         let body = c.body;
         if status != 200 {
-            return Err(format!(
+            anyhow::bail!(format!(
                 "--activity: the server answered {status}: {}",
                 String::from_utf8_lossy(&body)
             ));
         }
-        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
         v["buckets"].as_u64().unwrap_or(1) as u32
     } else {
         0
@@ -379,7 +380,7 @@ pub async fn run(
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
     let (mut by_status, mut tokens_refused, mut errors) = (BTreeMap::new(), BTreeMap::new(), 0u64);
     for w in workers {
-        let (h, s, r, e) = w.await.map_err(|e| e.to_string())?;
+        let (h, s, r, e) = w.await?;
         let _ = latency.add(&h);
         for (k, v) in s {
             *by_status.entry(k).or_insert(0) += v;

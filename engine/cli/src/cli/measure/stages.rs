@@ -19,6 +19,7 @@
 
 use super::bench::Bar;
 use super::load::{self, Conn, LoadConfig, LoadReport, Target};
+use anyhow::Context;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -110,14 +111,14 @@ impl Drop for Proc {
     }
 }
 
-fn free_addr() -> Result<SocketAddr, String> {
+fn free_addr() -> anyhow::Result<SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port: {e}"))
+        .context("no free port")
 }
 
 impl Settings {
-    fn spawn(&self, role: &str, extra: &[(&str, String)]) -> Result<Proc, String> {
+    fn spawn(&self, role: &str, extra: &[(&str, String)]) -> anyhow::Result<Proc> {
         let (public, admin) = (free_addr()?, free_addr()?);
         let child = Command::new(&self.exe)
             .args(["serve", "--roles", role])
@@ -133,18 +134,18 @@ impl Settings {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("start seckill serve --roles {role}: {e}"))?;
+            .with_context(|| format!("start seckill serve --roles {role}"))?;
         Ok(Proc { child, public, admin })
     }
 
-    async fn ready(&self, p: &Proc) -> Result<(), String> {
+    async fn ready(&self, p: &Proc) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok((200, _)) = call(p.admin, "GET", "/readyz", "", "").await {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                return Err(format!("the process on {} did not become ready in 60 s", p.admin));
+                anyhow::bail!(format!("the process on {} did not become ready in 60 s", p.admin));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -152,7 +153,7 @@ impl Settings {
 
     /// Create a sale through the first API process's admin listener; every API process knows it
     /// on return.
-    async fn sale(&self, api: &[Proc], id: u64, stock: u64, buckets: u32) -> Result<(), String> {
+    async fn sale(&self, api: &[Proc], id: u64, stock: u64, buckets: u32) -> anyhow::Result<()> {
         let now = crate::cli::tools::wall_now_ms();
         let spec = json!({
             "id": id, "total_stock": stock, "buckets": buckets, "fallback_pct": 10,
@@ -167,7 +168,7 @@ impl Settings {
         )
         .await?;
         if status != 201 {
-            return Err(format!("create sale {id}: {status} {body}"));
+            anyhow::bail!(format!("create sale {id}: {status} {body}"));
         }
         for p in api {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -177,7 +178,7 @@ impl Settings {
                 != 200
             {
                 if tokio::time::Instant::now() > deadline {
-                    return Err(format!(
+                    anyhow::bail!(format!(
                         "the API process on {} never learnt of sale {id}",
                         p.public
                     ));
@@ -197,7 +198,7 @@ impl Settings {
         clicks_per_user: u32,
         skew: f64,
         opts: &StagesOptions,
-    ) -> Result<(LoadReport, f64), String> {
+    ) -> anyhow::Result<(LoadReport, f64)> {
         let cfg = LoadConfig {
             addrs: api.iter().map(|p| p.public).collect(),
             activity,
@@ -223,7 +224,7 @@ impl Settings {
 impl Settings {
     /// Wait until the sale is at rest (every queued order applied, nothing left in the outbox),
     /// so that the worker's backlog does not run into the next measurement; the audit's answer.
-    async fn settle(&self, api: &[Proc], activity: u64) -> Result<Value, String> {
+    async fn settle(&self, api: &[Proc], activity: u64) -> anyhow::Result<Value> {
         let path = format!("/api/v1/admin/activities/{activity}/audit");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
         loop {
@@ -233,7 +234,7 @@ impl Settings {
                 return Ok(v);
             }
             if tokio::time::Instant::now() > deadline {
-                return Err(format!("sale {activity} never came to rest: {status} {body}"));
+                anyhow::bail!(format!("sale {activity} never came to rest: {status} {body}"));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -247,29 +248,29 @@ async fn call(
     path: &str,
     bearer: &str,
     body: &str,
-) -> Result<(u16, String), String> {
+) -> anyhow::Result<(u16, String)> {
     let mut c = Conn::new(addr);
     let status = c
         .request(method, path, bearer, body)
         .await
-        .map_err(|e| format!("{method} {path} on {addr}: {e}"))?;
+        .with_context(|| format!("{method} {path} on {addr}"))?;
     Ok((status, String::from_utf8_lossy(&c.body).into_owned()))
 }
 
 /// CPU time the processes have used so far (all their threads), in nanoseconds.
-fn cpu_ns(procs: &[Proc]) -> Result<u64, String> {
+fn cpu_ns(procs: &[Proc]) -> anyhow::Result<u64> {
     let mut total = 0;
     for p in procs {
         let dir = format!("/proc/{}/task", p.child.id());
-        for task in std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))? {
-            let path = task.map_err(|e| e.to_string())?.path().join("schedstat");
+        for task in std::fs::read_dir(&dir).with_context(|| dir.clone())? {
+            let path = task?.path().join("schedstat");
             // A thread that ended between the listing and the read is simply not counted.
             if let Ok(text) = std::fs::read_to_string(&path) {
                 total += text
                     .split_whitespace()
                     .next()
                     .and_then(|n| n.parse::<u64>().ok())
-                    .ok_or_else(|| format!("{}: unreadable", path.display()))?;
+                    .with_context(|| format!("{}: unreadable", path.display()))?;
             }
         }
     }
@@ -299,11 +300,11 @@ pub async fn run(
     opts: &StagesOptions,
     stores: Vec<(String, String)>,
     progress: impl Fn(&str),
-) -> Result<StagesReport, String> {
+) -> anyhow::Result<StagesReport> {
     let run_id = crate::cli::tools::wall_now_ms();
     let secret = |what: &str| format!("stages-{what}-{run_id:x}-0123456789abcdef");
     let settings = Settings {
-        exe: std::env::current_exe().map_err(|e| format!("this binary: {e}"))?,
+        exe: std::env::current_exe().context("this binary")?,
         admin_token: secret("admin"),
         jwt_secret: secret("jwt"),
         env: stores
@@ -342,7 +343,7 @@ pub async fn run(
             for p in &procs {
                 settings.ready(p).await?;
             }
-            Ok::<_, String>(procs)
+            Ok::<_, anyhow::Error>(procs)
         }
     };
 
