@@ -3,9 +3,14 @@
 //! `seckill_order` are the consumer's idempotency, and the conditional `UPDATE … WHERE
 //! remaining >= qty` is the last guard against overselling.
 //!
-//! A batch is ONE transaction. Inside it every event inserts its order row first — a
-//! duplicate-key error (which InnoDB rolls back per statement, not per transaction) is classified
-//! into Redelivered / DuplicateBuyer — then takes the stock conditionally. Errors before COMMIT
+//! A batch is ONE transaction of a handful of statements (`apply_batched_once`): it locks the
+//! bucket rows it takes stock from and reads what they hold, reads which reservations are orders
+//! already and which users hold one, decides every outcome as the ledger model does, then writes
+//! all its order rows, stock and journal at once. What those reads could not see meets a unique
+//! key in the insert, and the batch runs again order by order (`apply_each_once`): every event
+//! inserts its order row first — a duplicate-key error (which InnoDB rolls back per statement,
+//! not per transaction) is classified into Redelivered / DuplicateBuyer — then takes the stock
+//! conditionally. Errors before COMMIT
 //! are `Determinate` (the server rolls the transaction back); an error on COMMIT itself is
 //! `Indeterminate`. Queries are built at run time (no `query!` macros): the crate builds without
 //! a live database.
@@ -21,7 +26,7 @@ use seckill_core::ports::{
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, Row, Transaction};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -251,6 +256,31 @@ impl MysqlLedger {
         .map(|_| ())
     }
 
+    /// Journal rows in one statement.
+    async fn journal_many(
+        tx: &mut Transaction<'static, MySql>,
+        activity: ActivityId,
+        entries: &[JournalEntry],
+    ) -> Result<(), sqlx::Error> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let sql = format!(
+            "INSERT INTO stock_journal (activity_id, bucket_no, kind, reference, delta) VALUES {}",
+            vec!["(?, ?, ?, ?, ?)"; entries.len()].join(", ")
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for e in entries {
+            q = q
+                .bind(activity.0)
+                .bind(e.bucket.0)
+                .bind(kind_str(e.kind))
+                .bind(&e.reference)
+                .bind(e.delta);
+        }
+        q.execute(&mut **tx).await.map(|_| ())
+    }
+
     async fn apply_one(
         tx: &mut Transaction<'static, MySql>,
         r: &Reservation,
@@ -445,6 +475,142 @@ async fn lock_buckets(
     Ok(())
 }
 
+/// The stock of `activity`'s `buckets` (those it has), their rows locked exclusive in ascending
+/// order (as `lock_buckets` takes them).
+async fn bucket_stock(
+    tx: &mut Transaction<'static, MySql>,
+    activity: ActivityId,
+    buckets: &BTreeSet<BucketNo>,
+) -> Result<Vec<(BucketNo, i64)>, sqlx::Error> {
+    let marks = vec!["?"; buckets.len()].join(", ");
+    let sql = format!(
+        "SELECT bucket_no, remaining FROM stock_bucket WHERE activity_id = ? AND bucket_no IN ({marks}) \
+         ORDER BY bucket_no FOR UPDATE"
+    );
+    let mut q = sqlx::query_as::<_, (u32, i64)>(sqlx::AssertSqlSafe(sql)).bind(activity.0);
+    for b in buckets {
+        q = q.bind(b.0);
+    }
+    Ok(q.fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .map(|(b, remaining)| (BucketNo(b), remaining))
+        .collect())
+}
+
+/// Which of the batch's reservations are orders already (of any activity: the key is global).
+async fn known_reservations(
+    tx: &mut Transaction<'static, MySql>,
+    batch: &[Reservation],
+) -> Result<BTreeSet<ReservationId>, sqlx::Error> {
+    let ids: BTreeSet<String> = batch.iter().map(|r| r.id.to_string()).collect();
+    let marks = vec!["?"; ids.len()].join(", ");
+    let sql = format!("SELECT reservation_id FROM seckill_order WHERE reservation_id IN ({marks})");
+    let mut q = sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql));
+    for id in &ids {
+        q = q.bind(id);
+    }
+    q.fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .map(|(id,)| reservation_id(&id))
+        .collect()
+}
+
+/// The live order (any but a failed one) of each of `users` that has one in `activity`.
+async fn live_orders(
+    tx: &mut Transaction<'static, MySql>,
+    activity: ActivityId,
+    users: &BTreeSet<UserId>,
+) -> Result<Vec<(UserId, ReservationId)>, sqlx::Error> {
+    let marks = vec!["?"; users.len()].join(", ");
+    let sql = format!(
+        "SELECT live_user, reservation_id FROM seckill_order WHERE activity_id = ? AND live_user IN ({marks})"
+    );
+    let mut q = sqlx::query_as::<_, (u64, String)>(sqlx::AssertSqlSafe(sql)).bind(activity.0);
+    for u in users {
+        q = q.bind(u.0);
+    }
+    q.fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .map(|(user, id)| Ok((UserId(user), reservation_id(&id)?)))
+        .collect()
+}
+
+fn reservation_id(text: &str) -> Result<ReservationId, sqlx::Error> {
+    ReservationId::from_str(text).map_err(|e| sqlx::Error::Decode(format!("reservation_id: {e}").into()))
+}
+
+/// The batch's new order rows in one statement, each with its status.
+async fn insert_orders(
+    tx: &mut Transaction<'static, MySql>,
+    rows: &[(&Reservation, &'static str)],
+) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "INSERT INTO seckill_order (reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, \
+         status, generation) VALUES {}",
+        vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ")
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for (r, status) in rows {
+        q = q
+            .bind(r.id.to_string())
+            .bind(r.activity.0)
+            .bind(r.user.0)
+            .bind(r.bucket.0)
+            .bind(r.qty)
+            .bind(r.reserved_at_ms)
+            .bind(*status)
+            .bind(r.generation);
+    }
+    q.execute(&mut **tx).await.map(|_| ())
+}
+
+/// Take `deltas` (units per bucket) from `activity`'s stock in one statement. The rows are
+/// locked and their stock was read in this transaction; the condition is the last guard all the
+/// same (a bucket that would go below zero is not updated, and the batch fails).
+async fn take_stock(
+    tx: &mut Transaction<'static, MySql>,
+    activity: ActivityId,
+    deltas: &[(BucketNo, i64)],
+) -> TxResult<()> {
+    if deltas.is_empty() {
+        return Ok(());
+    }
+    let cases = "CASE bucket_no ".to_string() + &"WHEN ? THEN ? ".repeat(deltas.len()) + "END";
+    let sql = format!(
+        "UPDATE stock_bucket SET remaining = remaining - {cases} \
+         WHERE activity_id = ? AND bucket_no IN ({}) AND remaining >= {cases}",
+        vec!["?"; deltas.len()].join(", ")
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for (b, units) in deltas {
+        q = q.bind(b.0).bind(*units);
+    }
+    q = q.bind(activity.0);
+    for (b, _) in deltas {
+        q = q.bind(b.0);
+    }
+    for (b, units) in deltas {
+        q = q.bind(b.0).bind(*units);
+    }
+    let updated = q.execute(&mut **tx).await?.rows_affected();
+    if updated != deltas.len() as u64 {
+        return Err(TxError::Refused(PortError::determinate(
+            "apply",
+            format!(
+                "{updated} of {} buckets took their units: the stock read under lock moved",
+                deltas.len()
+            ),
+        )));
+    }
+    Ok(())
+}
+
 impl MysqlLedger {
     async fn cancel_unpaid_once(&self, activity: ActivityId, now_ms: u64) -> TxResult<Vec<Reservation>> {
         let mut tx = self.pool.begin().await?;
@@ -598,11 +764,116 @@ impl MysqlLedger {
             .await
     }
 
+    /// A batch in a handful of statements, whatever its size: the locking reads of the
+    /// generation and of the bucket rows with their stock, one read of which reservations are
+    /// orders already and one of which users hold a live order, the outcomes decided here in the
+    /// batch's order exactly as the ledger model decides them (`EmbeddedLedger`), then one
+    /// multi-row insert of the orders, one update of the buckets' stock and one of the journal.
+    /// What the reads could not see (another worker's insert of the same reservation or user,
+    /// committed since or not yet) fails the insert: the batch then runs again order by order
+    /// (`apply_each_once`), each insert classified by the key it met.
     async fn apply_once(&self, batch: &[Reservation]) -> TxResult<Vec<ApplyOutcome>> {
+        match self.apply_batched_once(batch).await {
+            Err(TxError::Sql(e)) if is_unique_violation(&e) || is_foreign_key_violation(&e) => {
+                // Counted: many mean batches that share users or reservations but no bucket.
+                metrics::counter!("seckill_ledger_batch_fallbacks_total").increment(1);
+                self.apply_each_once(batch).await
+            }
+            other => other,
+        }
+    }
+
+    async fn apply_batched_once(&self, batch: &[Reservation]) -> TxResult<Vec<ApplyOutcome>> {
+        let mut tx = self.pool.begin().await?;
+        let mut activities: BTreeMap<ActivityId, (BTreeSet<BucketNo>, BTreeSet<UserId>)> = BTreeMap::new();
+        for r in batch {
+            let (buckets, users) = activities.entry(r.activity).or_default();
+            buckets.insert(r.bucket);
+            users.insert(r.user);
+        }
+        // Locking reads first (they fix no read view): per activity its generation, shared to
+        // COMMIT as every order takes it, then its bucket rows, exclusive and in ascending
+        // order as transfers take them, with the stock they hold.
+        let mut generation = BTreeMap::new();
+        let mut stock: BTreeMap<(ActivityId, BucketNo), i64> = BTreeMap::new();
+        for (activity, (buckets, _)) in &activities {
+            generation.insert(*activity, generation_shared(&mut tx, *activity).await?);
+            for (b, remaining) in bucket_stock(&mut tx, *activity, buckets).await? {
+                stock.insert((*activity, b), remaining);
+            }
+        }
+        // Then plain reads, after the rows this batch writes to are locked: which reservations
+        // are orders already, and each user's live order.
+        let mut known = known_reservations(&mut tx, batch).await?;
+        let mut live: BTreeMap<(ActivityId, UserId), ReservationId> = BTreeMap::new();
+        for (activity, (_, users)) in &activities {
+            for (user, existing) in live_orders(&mut tx, *activity, users).await? {
+                live.insert((*activity, user), existing);
+            }
+        }
+        // The outcomes, in the batch's order, as `EmbeddedLedger::apply_one` decides them.
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut rows: Vec<(&Reservation, &'static str)> = Vec::with_capacity(batch.len());
+        let mut taken: BTreeMap<(ActivityId, BucketNo), i64> = BTreeMap::new();
+        for r in batch {
+            let outcome = if known.contains(&r.id) {
+                ApplyOutcome::Redelivered
+            } else if let Some(existing) = live.get(&(r.activity, r.user)) {
+                ApplyOutcome::DuplicateBuyer { existing: *existing }
+            } else if let Some(remaining) = stock.get_mut(&(r.activity, r.bucket)) {
+                let stale = generation[&r.activity].is_some_and(|g| r.generation < g);
+                let outcome = if stale {
+                    ApplyOutcome::StaleGeneration
+                } else if *remaining >= r.qty as i64 {
+                    *remaining -= r.qty as i64;
+                    *taken.entry((r.activity, r.bucket)).or_default() += r.qty as i64;
+                    live.insert((r.activity, r.user), r.id);
+                    ApplyOutcome::Created
+                } else {
+                    ApplyOutcome::OutOfStock
+                };
+                let status = match outcome {
+                    ApplyOutcome::Created => "created",
+                    _ => "failed",
+                };
+                rows.push((r, status));
+                known.insert(r.id);
+                outcome
+            } else {
+                ApplyOutcome::UnknownBucket
+            };
+            outcomes.push(outcome);
+        }
+        insert_orders(&mut tx, &rows).await?;
+        for activity in activities.keys() {
+            let deltas: Vec<(BucketNo, i64)> = taken
+                .range((*activity, BucketNo(0))..=(*activity, BucketNo(u32::MAX)))
+                .map(|((_, b), units)| (*b, *units))
+                .collect();
+            take_stock(&mut tx, *activity, &deltas).await?;
+            let entries: Vec<JournalEntry> = rows
+                .iter()
+                .filter(|(r, status)| r.activity == *activity && *status == "created")
+                .map(|(r, _)| JournalEntry {
+                    bucket: r.bucket,
+                    kind: JournalKind::Order,
+                    reference: r.id.to_string(),
+                    delta: -(r.qty as i64),
+                })
+                .collect();
+            Self::journal_many(&mut tx, *activity, &entries).await?;
+        }
+        commit(tx).await?;
+        Ok(outcomes)
+    }
+
+    /// The batch order by order: every order inserts its row first and is classified by the key
+    /// its insert meets (the way of every ledger before batched statements).
+    async fn apply_each_once(&self, batch: &[Reservation]) -> TxResult<Vec<ApplyOutcome>> {
         let mut tx = self.pool.begin().await?;
         // Per activity, its generation (shared, as every order takes it) and then its buckets,
         // in the order transfers take them.
-        let mut buckets: std::collections::BTreeMap<ActivityId, BTreeSet<BucketNo>> = Default::default();
+        let mut buckets: BTreeMap<ActivityId, BTreeSet<BucketNo>> = Default::default();
         for r in batch {
             buckets.entry(r.activity).or_default().insert(r.bucket);
         }

@@ -7,7 +7,8 @@
 //! behind the pause (tried on 5435bff, where the generation was a column of `activity`: the pause
 //! returned only after the server rolled the stalled transaction back, and the stalled
 //! transaction's next statement failed). And transactions that race on the same bucket rows
-//! neither deadlock on every attempt nor trip MariaDB's snapshot isolation.
+//! neither deadlock on every attempt nor trip MariaDB's snapshot isolation; batches that meet on
+//! the same reservations or users create one order per user.
 
 use super::{mysql, unique_id};
 use seckill_core::domain::{ActivityState, StockPlan};
@@ -167,4 +168,76 @@ async fn racing_transactions_hold_under_snapshot_isolation() {
         "units in the buckets and held by orders: the initial stock"
     );
     assert_eq!(view.orders.len() as u64, ROUNDS * 8, "every order of every batch");
+}
+
+/// Workers apply batches that meet at once: the same records twice (a redelivery across a
+/// consumer group's rebalance) and the same users' other reservations in other buckets (a user
+/// Redis marked twice after losing data). Each user gets one order and takes one unit; the same
+/// reservation again is Redelivered, the other one DuplicateBuyer of the order that won. Batches
+/// that share bucket rows wait for each other and read the winner's rows; those that share none
+/// meet them in their multi-row insert (not yet committed when they read) and classify their
+/// records one by one instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_applying_batches_that_meet_create_one_order_per_user() {
+    use seckill_core::domain::{BucketNo, Reservation, ReservationId, UserId};
+    use seckill_core::ports::{ApplyOutcome, OrderStatus};
+    let Some(ledger) = mysql().await else { return };
+    let a = activity(unique_id(), 1_000, 4, 0);
+    ledger.install(&a, &StockPlan::new(&a)).await.unwrap();
+    let id = a.id();
+    // User n's reservation in bucket n % 2 (first) or 2 + n % 2 (second).
+    let reservation = |n: u64, second: bool| Reservation {
+        id: ReservationId(((id.0 as u128) << 64) | (n as u128) << 1 | second as u128),
+        activity: id,
+        user: UserId(n),
+        bucket: BucketNo((n % 2) as u32 + if second { 2 } else { 0 }),
+        qty: 1,
+        reserved_at_ms: 5,
+        generation: 0,
+    };
+    const ROUNDS: u64 = 20;
+    const USERS: u64 = 16;
+    let (second_worker, third_worker) = (ledger.clone(), ledger.clone());
+    for round in 0..ROUNDS {
+        let users: Vec<u64> = (0..USERS).map(|i| 1 + round * USERS + i).collect();
+        let first: Vec<_> = users.iter().map(|&n| reservation(n, false)).collect();
+        let second: Vec<_> = users.iter().map(|&n| reservation(n, true)).collect();
+        let (x, y, z) = tokio::join!(
+            ledger.apply(&first),
+            second_worker.apply(&first),
+            third_worker.apply(&second)
+        );
+        let (x, y, z) = (
+            x.expect("a batch"),
+            y.expect("the same again"),
+            z.expect("the other buckets'"),
+        );
+        for (i, &n) in users.iter().enumerate() {
+            let outcomes = [(&first[i], &x[i]), (&first[i], &y[i]), (&second[i], &z[i])];
+            let created: Vec<ReservationId> = outcomes
+                .iter()
+                .filter(|(_, o)| **o == ApplyOutcome::Created)
+                .map(|(r, _)| r.id)
+                .collect();
+            assert_eq!(created.len(), 1, "user {n}: one order ({outcomes:?})");
+            for (r, o) in outcomes {
+                match o {
+                    ApplyOutcome::Created => {}
+                    ApplyOutcome::Redelivered => assert_eq!(r.id, created[0], "user {n}: {outcomes:?}"),
+                    ApplyOutcome::DuplicateBuyer { existing } => {
+                        assert_ne!(r.id, created[0], "user {n}: {outcomes:?}");
+                        assert_eq!(*existing, created[0], "user {n}: {outcomes:?}");
+                    }
+                    other => panic!("user {n}: {other:?} ({outcomes:?})"),
+                }
+            }
+        }
+    }
+    let view = ledger.snapshot(id).await.unwrap();
+    let remaining: i64 = view.buckets.iter().map(|b| b.remaining).sum();
+    let users = (ROUNDS * USERS) as i64;
+    assert_eq!(remaining, 1_000 - users, "one unit per user");
+    assert_eq!(view.orders.len() as i64, users, "one order per user");
+    assert!(view.orders.iter().all(|o| o.status == OrderStatus::Created));
+    assert_eq!(view.journal.len() as i64, users, "one journal row per order");
 }
