@@ -308,6 +308,60 @@ pub async fn consume<B: OrderBus, L: Ledger, C: StockCache>(
     ))
 }
 
+/// The row of the ledger's batched apply alone.
+pub const LEDGER_LIMIT: &str = "limit: MariaDB, the ledger's batched apply alone";
+
+/// Connections applying at once in `apply_alone`: a worker pool's.
+const APPLY_CONNECTIONS: u64 = 4;
+
+/// `orders` applied straight to the ledger in batches of the consumer's size, by
+/// `APPLY_CONNECTIONS` tasks at once, each on an activity of its own (as workers apply
+/// partitions of their own); returns (orders per second, p99 of one batch in µs).
+pub async fn apply_alone<L: Ledger>(ledger: &L, first_id: u64, orders: u64) -> anyhow::Result<(f64, u64)> {
+    use seckill_core::domain::Reservation;
+    let batch = seckill_core::service::consumer::DEFAULT_MAX_BATCH as u64;
+    let per_task = orders.div_ceil(APPLY_CONNECTIONS);
+    let mut plans = Vec::new();
+    for t in 0..APPLY_CONNECTIONS {
+        let activity = bench_activity(first_id + t, 1_000_000_000);
+        let plan = StockPlan::new(&activity);
+        ledger.install(&activity, &plan).await?;
+        plans.push(plan);
+    }
+    let started = tokio::time::Instant::now();
+    let tasks = plans.into_iter().map(|plan| async move {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
+        for from in (0..per_task).step_by(batch as usize) {
+            let events: Vec<Reservation> = (from..(from + batch).min(per_task))
+                .map(|i| {
+                    let user = UserId(i + 1);
+                    Reservation {
+                        id: ReservationId(((plan.activity.0 as u128) << 64) | i as u128),
+                        activity: plan.activity,
+                        user,
+                        bucket: plan.route(user),
+                        qty: 1,
+                        reserved_at_ms: 0,
+                        generation: 0,
+                    }
+                })
+                .collect();
+            let t = tokio::time::Instant::now();
+            ledger.apply(&events).await?;
+            let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+        }
+        Ok::<_, anyhow::Error>(h)
+    });
+    let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
+    for h in futures::future::try_join_all(tasks).await? {
+        all.add(&h).expect("same bounds");
+    }
+    Ok((
+        (per_task * APPLY_CONNECTIONS) as f64 / started.elapsed().as_secs_f64(),
+        all.value_at_quantile(0.99),
+    ))
+}
+
 // ---------------------------------------------------------------------------------------------
 // The chart.
 
@@ -578,6 +632,23 @@ pub fn run(opts: BenchOptions) -> ExitCode {
             });
             bar.inc(1);
         }
+        // The limit the consumer is measured against: the ledger's batched apply alone (no
+        // Kafka, no Redis), the same statements on as many connections as a worker pool has.
+        if wanted(LEDGER_LIMIT) {
+            bar.set_message(LEDGER_LIMIT);
+            let (ops, p99) = bench::apply_alone(&real.ledger, run + 10_000, opts.orders).await?;
+            rows.push(Row {
+                name: LEDGER_LIMIT.into(),
+                ops: opts.orders,
+                ops_per_sec: ops,
+                p50_us: 0,
+                p99_us: p99,
+                ratio: 0.0,
+                errors: 0,
+                oversold: None,
+            });
+            bar.inc(1);
+        }
         bar.finish_and_clear();
         let rows = bench::with_ratios(rows);
         if let Some(path) = &opts.csv {
@@ -625,6 +696,12 @@ pub fn run(opts: BenchOptions) -> ExitCode {
                 println!(
                     "engine reserve path / raw EVALSHA: {:.2} (goal >= 0.80)",
                     svc / raw
+                );
+            }
+            if let (Some(b), Some(limit)) = (find(super::capacity::BENCH_DB), find(LEDGER_LIMIT)) {
+                println!(
+                    "consumer batched / the ledger's batched apply alone: {:.2} (goal >= 0.30)",
+                    b / limit
                 );
             }
             if let (Some(b), Some(one)) = (
