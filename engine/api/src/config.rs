@@ -238,10 +238,14 @@ impl ServeConfig {
         };
         let rates = f.rate_limit.unwrap_or_default();
         let d = ServeConfig::default();
-        let num = |s: Setting<u64>,
+        // One numeric setting: its TOML key, its variable, its file value, its range, its default.
+        let num = |key: &str,
+                   var: &str,
+                   file: Option<u64>,
                    range: std::ops::RangeInclusive<u64>,
                    default: u64|
          -> Result<u64, ConfigError> {
+            let s = Setting { key, var, file };
             let (name, v) = match env(s.var) {
                 Some(text) => (
                     s.var,
@@ -421,38 +425,30 @@ impl ServeConfig {
             admin_token,
             token_secret,
             token_ttl_ms: num(
-                Setting {
-                    key: "token_ttl_ms",
-                    var: "SECKILL_TOKEN_TTL_MS",
-                    file: f.token_ttl_ms,
-                },
+                "token_ttl_ms",
+                "SECKILL_TOKEN_TTL_MS",
+                f.token_ttl_ms,
                 1_000..=600_000,
                 d.token_ttl_ms,
             )?,
             request_timeout: Duration::from_millis(num(
-                Setting {
-                    key: "request_timeout_ms",
-                    var: "SECKILL_REQUEST_TIMEOUT_MS",
-                    file: f.request_timeout_ms,
-                },
+                "request_timeout_ms",
+                "SECKILL_REQUEST_TIMEOUT_MS",
+                f.request_timeout_ms,
                 10..=60_000,
                 d.request_timeout.as_millis() as u64,
             )?),
             sold_out_recheck_ms: num(
-                Setting {
-                    key: "sold_out_recheck_ms",
-                    var: "SECKILL_SOLD_OUT_RECHECK_MS",
-                    file: f.sold_out_recheck_ms,
-                },
+                "sold_out_recheck_ms",
+                "SECKILL_SOLD_OUT_RECHECK_MS",
+                f.sold_out_recheck_ms,
                 10..=60_000,
                 d.sold_out_recheck_ms,
             )?,
             body_limit_bytes: num(
-                Setting {
-                    key: "body_limit_bytes",
-                    var: "SECKILL_BODY_LIMIT_BYTES",
-                    file: f.body_limit_bytes,
-                },
+                "body_limit_bytes",
+                "SECKILL_BODY_LIMIT_BYTES",
+                f.body_limit_bytes,
                 256..=1 << 20,
                 d.body_limit_bytes as u64,
             )? as usize,
@@ -463,11 +459,9 @@ impl ServeConfig {
             jwt_issuer,
             jwt_audience,
             jwt_jwks_reload: Duration::from_millis(num(
-                Setting {
-                    key: "jwt_jwks_reload_ms",
-                    var: "SECKILL_JWT_JWKS_RELOAD_MS",
-                    file: f.jwt_jwks_reload_ms,
-                },
+                "jwt_jwks_reload_ms",
+                "SECKILL_JWT_JWKS_RELOAD_MS",
+                f.jwt_jwks_reload_ms,
                 100..=3_600_000,
                 d.jwt_jwks_reload.as_millis() as u64,
             )?),
@@ -475,38 +469,30 @@ impl ServeConfig {
             payment_secret_previous,
             rate: RateLimits {
                 global_per_sec: num(
-                    Setting {
-                        key: "rate_limit.global_per_sec",
-                        var: "SECKILL_RATE_GLOBAL_PER_SEC",
-                        file: rates.global_per_sec,
-                    },
+                    "rate_limit.global_per_sec",
+                    "SECKILL_RATE_GLOBAL_PER_SEC",
+                    rates.global_per_sec,
                     per_sec.clone(),
                     d.rate.global_per_sec as u64,
                 )? as u32,
                 per_user_per_sec: num(
-                    Setting {
-                        key: "rate_limit.per_user_per_sec",
-                        var: "SECKILL_RATE_PER_USER_PER_SEC",
-                        file: rates.per_user_per_sec,
-                    },
+                    "rate_limit.per_user_per_sec",
+                    "SECKILL_RATE_PER_USER_PER_SEC",
+                    rates.per_user_per_sec,
                     per_sec.clone(),
                     d.rate.per_user_per_sec as u64,
                 )? as u32,
                 per_ip_per_sec: num(
-                    Setting {
-                        key: "rate_limit.per_ip_per_sec",
-                        var: "SECKILL_RATE_PER_IP_PER_SEC",
-                        file: rates.per_ip_per_sec,
-                    },
+                    "rate_limit.per_ip_per_sec",
+                    "SECKILL_RATE_PER_IP_PER_SEC",
+                    rates.per_ip_per_sec,
                     per_sec,
                     d.rate.per_ip_per_sec as u64,
                 )? as u32,
                 ramp_ms: num(
-                    Setting {
-                        key: "rate_limit.ramp_ms",
-                        var: "SECKILL_RATE_RAMP_MS",
-                        file: rates.ramp_ms,
-                    },
+                    "rate_limit.ramp_ms",
+                    "SECKILL_RATE_RAMP_MS",
+                    rates.ramp_ms,
                     0..=600_000,
                     d.rate.ramp_ms,
                 )?,
@@ -514,48 +500,38 @@ impl ServeConfig {
             roles,
             conn_limits: super::listener::ConnLimits {
                 header_read_timeout: Duration::from_millis(num(
-                    Setting {
-                        key: "header_read_timeout_ms",
-                        var: "SECKILL_HEADER_READ_TIMEOUT_MS",
-                        file: f.header_read_timeout_ms,
-                    },
+                    "header_read_timeout_ms",
+                    "SECKILL_HEADER_READ_TIMEOUT_MS",
+                    f.header_read_timeout_ms,
                     100..=600_000,
                     d.conn_limits.header_read_timeout.as_millis() as u64,
                 )?),
                 max_connections: num(
-                    Setting {
-                        key: "max_connections",
-                        var: "SECKILL_MAX_CONNECTIONS",
-                        file: f.max_connections,
-                    },
+                    "max_connections",
+                    "SECKILL_MAX_CONNECTIONS",
+                    f.max_connections,
                     1..=1_000_000,
                     d.conn_limits.max_connections as u64,
                 )? as usize,
                 shutdown_deadline: Duration::from_millis(num(
-                    Setting {
-                        key: "shutdown_deadline_ms",
-                        var: "SECKILL_SHUTDOWN_DEADLINE_MS",
-                        file: f.shutdown_deadline_ms,
-                    },
+                    "shutdown_deadline_ms",
+                    "SECKILL_SHUTDOWN_DEADLINE_MS",
+                    f.shutdown_deadline_ms,
                     0..=600_000,
                     d.conn_limits.shutdown_deadline.as_millis() as u64,
                 )?),
                 // hyper refuses a read buffer under 8 KiB.
                 max_header_bytes: num(
-                    Setting {
-                        key: "max_header_bytes",
-                        var: "SECKILL_MAX_HEADER_BYTES",
-                        file: f.max_header_bytes,
-                    },
+                    "max_header_bytes",
+                    "SECKILL_MAX_HEADER_BYTES",
+                    f.max_header_bytes,
                     8_192..=1 << 20,
                     d.conn_limits.max_header_bytes as u64,
                 )? as usize,
                 max_headers: num(
-                    Setting {
-                        key: "max_headers",
-                        var: "SECKILL_MAX_HEADERS",
-                        file: f.max_headers,
-                    },
+                    "max_headers",
+                    "SECKILL_MAX_HEADERS",
+                    f.max_headers,
                     8..=1_000,
                     d.conn_limits.max_headers as u64,
                 )? as usize,
