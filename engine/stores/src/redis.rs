@@ -160,6 +160,32 @@ impl RedisConn {
         }
     }
 
+    /// EVALSHA of `sha` once per call of `calls` (keys, arguments), in one pipeline: one round
+    /// trip for all of them (single server only: a cluster's keys live on several nodes). For
+    /// `seckill bench`'s limit row: what one Redis core does when the client is not the
+    /// bottleneck.
+    pub async fn eval_sha_pipelined(
+        &self,
+        sha: &str,
+        calls: &[(Vec<String>, Vec<String>)],
+    ) -> PortResult<Vec<Reply>> {
+        const OP: &str = "evalsha pipeline";
+        let RedisConn::Single(mut c) = self.clone() else {
+            return Err(PortError::determinate(
+                OP,
+                "a pipeline of scripts needs a single server",
+            ));
+        };
+        let mut pipe = redis::pipe();
+        for (keys, args) in calls {
+            pipe.cmd("EVALSHA").arg(sha).arg(keys.len()).arg(keys).arg(args);
+        }
+        match pipe.query_async::<Vec<Value>>(&mut c).await {
+            Ok(values) => Ok(values.into_iter().map(reply_of).collect()),
+            Err(e) => Err(PortError::indeterminate_from(OP, e)),
+        }
+    }
+
     /// Run one command against every node (cluster: every master), for tests and tools.
     pub async fn query_nodes(&self, op: &'static str, cmd: &redis::Cmd) -> PortResult<Vec<Reply>> {
         match self {

@@ -22,6 +22,10 @@ pub trait Strategy: Send + Sync {
     fn name(&self) -> String;
     fn setup(&self, stock: u64) -> BoxFuture<'_, Result<(), String>>;
     fn attempt(&self, worker: usize, user: u64) -> BoxFuture<'_, Attempt>;
+    /// Operations one attempt stands for (a pipeline of several commands counts each).
+    fn per_attempt(&self) -> u64 {
+        1
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
