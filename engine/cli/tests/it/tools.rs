@@ -261,6 +261,46 @@ fn bench_runs_the_strategies_side_by_side_and_counts_oversells() {
 /// with only the settings file's environment, passes `serve --check-config` for its role once
 /// its placeholders are replaced — and is refused as shipped, naming the first placeholder
 /// secret; a bad value in that file is refused by name.
+/// The limits the engine is compared with run in the same `bench`: one Redis core's pipelined
+/// scripts and the ledger's batched apply alone.
+#[test]
+fn bench_measures_the_limits_beside_the_engine() {
+    if service("REDIS_URL").is_none()
+        || service("KAFKA_BROKERS").is_none()
+        || service("DATABASE_URL").is_none()
+    {
+        return;
+    }
+    let args = [
+        "bench",
+        "--seconds",
+        "0.3",
+        "--concurrency",
+        "4",
+        "--orders",
+        "600",
+        "--only",
+        "limit",
+        "--json",
+    ];
+    let (code, out, err) = seckill(&args);
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "limit: Redis, EVALSHA reserve.lua pipelined 16 deep",
+            "limit: MariaDB, the ledger's batched apply alone"
+        ]
+    );
+    for r in rows {
+        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["ops"].as_u64().unwrap() >= 16, "{r}");
+    }
+}
+
 #[test]
 fn the_systemd_units_and_their_settings_pass_check_config() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd");
