@@ -243,17 +243,7 @@ impl MysqlLedger {
         activity: ActivityId,
         e: &JournalEntry,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO stock_journal (activity_id, bucket_no, kind, reference, delta) VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(activity.0)
-        .bind(e.bucket.0)
-        .bind(kind_str(e.kind))
-        .bind(&e.reference)
-        .bind(e.delta)
-        .execute(&mut **tx)
-        .await
-        .map(|_| ())
+        Self::journal_many(tx, activity, std::slice::from_ref(e)).await
     }
 
     /// Journal rows in one statement.
@@ -462,21 +452,11 @@ async fn lock_buckets(
     if buckets.len() < 2 {
         return Ok(());
     }
-    let marks = vec!["?"; buckets.len()].join(", ");
-    let sql = format!(
-        "SELECT bucket_no FROM stock_bucket WHERE activity_id = ? AND bucket_no IN ({marks}) \
-         ORDER BY bucket_no FOR UPDATE"
-    );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(activity.0);
-    for b in buckets {
-        q = q.bind(b.0);
-    }
-    q.fetch_all(&mut **tx).await?;
-    Ok(())
+    bucket_stock(tx, activity, buckets).await.map(drop)
 }
 
 /// The stock of `activity`'s `buckets` (those it has), their rows locked exclusive in ascending
-/// order (as `lock_buckets` takes them).
+/// order (`lock_buckets` is this, for the lock alone).
 async fn bucket_stock(
     tx: &mut Transaction<'static, MySql>,
     activity: ActivityId,
