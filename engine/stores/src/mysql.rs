@@ -230,6 +230,23 @@ impl MysqlLedger {
         &self.pool
     }
 
+    /// Per order of `activity`, the milliseconds from its reservation (`reserved_at_ms`: the API
+    /// process's clock, just before it answered the buyer 202) to its row (`created_at`: the
+    /// database's clock, in the batch that applied it) — how long a buyer's "queued" lasted.
+    /// A measure for `seckill load --stages`, meaningful where the engine and the database
+    /// share a clock (one machine); no engine path reads it.
+    pub async fn queued_to_order_ms(&self, activity: ActivityId) -> PortResult<Vec<i64>> {
+        let rows: Vec<(i64,)> = sqlx::query_as(
+            "SELECT CAST(UNIX_TIMESTAMP(created_at) * 1000 AS SIGNED) - CAST(reserved_at_ms AS SIGNED) \
+             FROM seckill_order WHERE activity_id = ?",
+        )
+        .bind(activity.0)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(determinate("queued_to_order_ms"))?;
+        Ok(rows.into_iter().map(|(ms,)| ms).collect())
+    }
+
     /// Apply `migrations/` (idempotent: applied versions are recorded in `_sqlx_migrations`).
     pub async fn migrate(&self) -> PortResult<()> {
         MIGRATOR

@@ -4,7 +4,9 @@
 
 pub mod bench;
 pub mod capacity;
+pub mod http;
 pub mod load;
+mod procs;
 pub mod stages;
 
 use super::{parse_skew, tools};
@@ -327,10 +329,7 @@ fn run_load(args: LoadArgs) -> ExitCode {
 
 /// `seckill load --stages`: the three stages on the real stores (see `cli::stages`).
 fn run_stages(args: LoadArgs) -> ExitCode {
-    let stores: Vec<(String, String)> = ["REDIS_URL", "KAFKA_BROKERS", "DATABASE_URL"]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-        .collect();
+    let stores = procs::stores_from_env();
     if stores.len() != 3 {
         eprintln!("error: --stages needs the real stores: set REDIS_URL, KAFKA_BROKERS and DATABASE_URL");
         return ExitCode::from(2);
@@ -357,10 +356,17 @@ fn run_stages(args: LoadArgs) -> ExitCode {
         Err(code) => return code,
     };
     let tick = bar.clone();
-    let result = runtime.block_on(stages::run(&opts, stores, move |msg| {
-        tick.inc(1);
-        tick.set_message(msg.to_string());
-    }));
+    let result = runtime.block_on(async move {
+        // The ledger read directly for the wait from 202 to order (the stages' measure).
+        let settings = seckill_stores::backend::RealSettings::from_env()?
+            .ok_or_else(|| anyhow::anyhow!("--stages needs the real stores"))?;
+        let ledger = seckill_stores::mysql::MysqlLedger::connect_lazy(&settings.mysql)?;
+        stages::run(&opts, stores, &ledger, move |msg| {
+            tick.inc(1);
+            tick.set_message(msg.to_string());
+        })
+        .await
+    });
     bar.finish_and_clear();
     let report = match result {
         Ok(r) => r,

@@ -178,6 +178,13 @@ fn load_stages_runs_the_three_stages_on_the_real_stores() {
         assert_eq!(r["queued"], 600, "two units for every user: {r}");
         assert_eq!(r["errors"], 0, "{r}");
         assert!(r["api_cpu_s"].as_f64().unwrap() > 0.0, "{r}");
+        let q = &r["queued_to_order"];
+        assert_eq!(q["orders"], 600, "the wait measured over every order: {r}");
+        let (p50, p99) = (q["p50_ms"].as_i64().unwrap(), q["p99_ms"].as_i64().unwrap());
+        assert!(
+            0 <= p50 && p50 <= p99 && p99 <= q["max_ms"].as_i64().unwrap(),
+            "{r}"
+        );
     }
     let f = &v["funnel"];
     assert_eq!(f["audit"], "ok", "{f}");
@@ -185,6 +192,7 @@ fn load_stages_runs_the_three_stages_on_the_real_stores() {
         f["purchases"]["202"], f["units_sold"],
         "every queued purchase is an order: {f}"
     );
+    assert_eq!(f["queued_to_order"]["orders"], f["units_sold"], "{f}");
     assert!(
         f["units_sold"].as_u64().unwrap() <= f["stock"].as_u64().unwrap(),
         "{f}"
@@ -257,37 +265,34 @@ fn bench_runs_the_strategies_side_by_side_and_counts_oversells() {
     assert!(plan.contains("redis (32 buckets)"), "{plan}");
 }
 
-/// Every systemd unit of `deploy/systemd/`, run as the unit runs it (its `ExecStart` arguments)
-/// with only the settings file's environment, passes `serve --check-config` for its role once
-/// its placeholders are replaced — and is refused as shipped, naming the first placeholder
-/// secret; a bad value in that file is refused by name.
-/// The limits the engine is compared with run in the same `bench`: one Redis core's pipelined
-/// scripts and the ledger's batched apply alone.
-#[test]
-fn bench_measures_the_limits_beside_the_engine() {
+/// `seckill bench --seconds 0.3 ARGS --json` on the real stores (`None` without them): its rows
+/// and their names.
+fn bench_rows(args: &[&str]) -> Option<(Vec<Value>, Vec<String>)> {
     if service("REDIS_URL").is_none()
         || service("KAFKA_BROKERS").is_none()
         || service("DATABASE_URL").is_none()
     {
-        return;
+        return None;
     }
-    let args = [
-        "bench",
-        "--seconds",
-        "0.3",
-        "--concurrency",
-        "4",
-        "--orders",
-        "600",
-        "--only",
-        "limit",
-        "--json",
-    ];
-    let (code, out, err) = seckill(&args);
+    let (code, out, err) = seckill(&[&["bench", "--seconds", "0.3", "--json"], args].concat());
     assert_eq!(code, Some(0), "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
-    let rows = v["rows"].as_array().unwrap();
-    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let rows = v["rows"].as_array().unwrap().clone();
+    let names = rows
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    Some((rows, names))
+}
+
+/// The limits the engine is compared with run in the same `bench`: one Redis core's pipelined
+/// scripts and the ledger's batched apply alone.
+#[test]
+fn bench_measures_the_limits_beside_the_engine() {
+    let args = ["--concurrency", "4", "--orders", "600", "--only", "limit"];
+    let Some((rows, names)) = bench_rows(&args) else {
+        return;
+    };
     assert_eq!(
         names,
         [
@@ -301,6 +306,37 @@ fn bench_measures_the_limits_beside_the_engine() {
     }
 }
 
+/// The HTTP rows run in the same `bench`: hello world, then the purchase route, on a server of
+/// this binary per backend (started and stopped by the bench), every answer the route's success.
+#[test]
+fn bench_measures_the_http_route_beside_hello_world() {
+    let Some((rows, names)) = bench_rows(&["--only", "http:"]) else {
+        return;
+    };
+    assert_eq!(
+        names,
+        [
+            "http: GET /healthz, embedded stores",
+            "http: token, sold out, embedded stores",
+            "http: token + purchase, embedded stores",
+            "http: GET /healthz, Redis + Kafka + MariaDB",
+            "http: token + purchase, Redis + Kafka + MariaDB",
+        ]
+    );
+    for r in rows {
+        assert!(r["ops"].as_u64().unwrap() > 64, "{r}");
+        assert_eq!(r["errors"], 0, "every answer the route's success: {r}");
+        assert!(
+            r["p99_us"].as_u64().unwrap() >= r["p50_us"].as_u64().unwrap(),
+            "{r}"
+        );
+    }
+}
+
+/// Every systemd unit of `deploy/systemd/`, run as the unit runs it (its `ExecStart` arguments)
+/// with only the settings file's environment, passes `serve --check-config` for its role once
+/// its placeholders are replaced — and is refused as shipped, naming the first placeholder
+/// secret; a bad value in that file is refused by name.
 #[test]
 fn the_systemd_units_and_their_settings_pass_check_config() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd");

@@ -714,6 +714,13 @@ pub fn run(opts: BenchOptions) -> ExitCode {
             rows.push(Row::drained(LEDGER_LIMIT, opts.orders, ops, p99));
             bar.inc(1);
         }
+        // The HTTP route against hello world, on a server of this binary per backend.
+        if super::http::NAMES.iter().any(|n| wanted(n)) {
+            bar.set_message("http");
+            let stores = super::procs::stores_from_env();
+            rows.extend(super::http::rows(stores, run, opts.duration, wanted).await?);
+            bar.inc(1);
+        }
         bar.finish_and_clear();
         let rows = bench::with_ratios(rows);
         if let Some(path) = &opts.csv {
@@ -755,7 +762,7 @@ pub fn run(opts: BenchOptions) -> ExitCode {
             }
             let find = |n: &str| rows.iter().find(|r| r.name == n).map(|r| r.ops_per_sec);
             // Each ratio the engine is held to: (this row / that row, what the line says, the goal).
-            let ratios: [(&str, &str, &str, &str); 4] = [
+            let ratios: [(&str, &str, &str, &str); 7] = [
                 (
                     super::capacity::BENCH_APP,
                     bench::REDIS_LIMIT,
@@ -780,10 +787,29 @@ pub fn run(opts: BenchOptions) -> ExitCode {
                     "consumer batched / one transaction per order",
                     "20x",
                 ),
+                (
+                    super::http::PURCHASE,
+                    super::http::HEALTHZ,
+                    "http token + purchase / GET /healthz, embedded stores",
+                    "0.50",
+                ),
+                (
+                    super::http::SOLD_OUT,
+                    super::http::HEALTHZ,
+                    "http token sold out / GET /healthz, embedded stores",
+                    "0.90",
+                ),
+                (
+                    super::http::PURCHASE_REAL,
+                    super::http::HEALTHZ_REAL,
+                    "http token + purchase / GET /healthz, Redis + Kafka + MariaDB",
+                    "",
+                ),
             ];
             for (this, that, line, goal) in ratios {
                 if let (Some(a), Some(b)) = (find(this), find(that)) {
                     match goal.strip_suffix('x') {
+                        _ if goal.is_empty() => println!("{line}: {:.2}", a / b),
                         Some(_) => println!("{line}: {:.1}x (goal >= {goal})", a / b),
                         None => println!("{line}: {:.2} (goal >= {goal})", a / b),
                     }

@@ -2,7 +2,8 @@
 //! users click "buy" (each click: a token request, then the purchase with that token) over a
 //! fixed number of keep-alive connections, optionally paced to a total rate, bounded in count
 //! (the clicks) and in time (the duration). The result is the funnel — what the purchases were
-//! answered — latency percentiles from an HDR histogram, and throughput.
+//! answered — latency percentiles from an HDR histogram (of each click's last answer: the
+//! purchase's, or the token request's that refused it), and throughput.
 //!
 //! `--target healthz` sends `GET /healthz` instead: the hello-world baseline the purchase route
 //! is compared with (same server, same generator, same machine).
@@ -347,6 +348,7 @@ pub async fn run(
                                 cfg.jwt_issuer.as_deref(),
                                 cfg.jwt_audience.as_deref(),
                             );
+                            let asked = tokio::time::Instant::now();
                             match conn.request("POST", &token_path, &jwt, "").await {
                                 Ok(200) => {
                                     let token = token_of(&conn.body).unwrap_or_default();
@@ -359,6 +361,8 @@ pub async fn run(
                                     r.map(Some)
                                 }
                                 Ok(status) => {
+                                    // The click's answer is the refusal: its latency counts.
+                                    let _ = h.record(asked.elapsed().as_micros().max(1) as u64);
                                     *refused.entry(status).or_default() += 1;
                                     Ok(None)
                                 }

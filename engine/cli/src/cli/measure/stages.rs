@@ -15,23 +15,21 @@
 //!    each layer refused (the rate limits, the token's sold-out check, the reserve), then, once
 //!    the worker applied everything, the orders the ledger holds and the audit.
 //!
-//! CPU time comes from `/proc/<pid>/task/*/schedstat` (nanoseconds on CPU, per thread).
+//! CPU time comes from `/proc/<pid>/task/*/schedstat` (nanoseconds on CPU, per thread). Every
+//! run also reports how long its buyers' "queued" lasted: from each reservation to its order's
+//! row in the ledger (`MysqlLedger::queued_to_order_ms`), once the sale is at rest.
 
 use super::bench::Bar;
-use super::load::{self, Conn, LoadConfig, LoadReport, Target};
-use anyhow::Context;
+use super::load::{self, LoadConfig, LoadReport, Target};
+use super::procs::{cpu_ns, Proc, Settings, AUDIENCE};
+use seckill_core::domain::ActivityId;
+use seckill_stores::mysql::MysqlLedger;
 use serde::Serialize;
-use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Runs of a `--stages` run (one, three, one), for a progress bar.
 pub const RUNS: u64 = 5;
-
-/// The `aud` of the JWTs the stages' buyers send (the engine on real stores requires one).
-const AUDIENCE: &str = "seckill";
 
 #[derive(Debug, Clone)]
 pub struct StagesOptions {
@@ -60,6 +58,35 @@ pub struct StageRow {
     pub purchases_per_api_cpu_s: f64,
     pub queued: u64,
     pub errors: u64,
+    /// From a buyer's 202 to the order's ledger row, over the run's orders (the ledger's
+    /// `created_at` against the reservation's time: both this machine's clock).
+    pub queued_to_order: QueuedToOrder,
+}
+
+/// Percentiles of the time from a 202 ("queued") to the order's row in the ledger, ms.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct QueuedToOrder {
+    pub orders: usize,
+    pub p50_ms: i64,
+    pub p99_ms: i64,
+    pub max_ms: i64,
+}
+
+impl QueuedToOrder {
+    async fn of(ledger: &MysqlLedger, activity: u64) -> anyhow::Result<QueuedToOrder> {
+        let mut ms = ledger.queued_to_order_ms(ActivityId(activity)).await?;
+        ms.sort_unstable();
+        let at = |q: f64| {
+            ms.get(((ms.len() as f64 * q) as usize).min(ms.len().saturating_sub(1)))
+                .copied()
+        };
+        Ok(QueuedToOrder {
+            orders: ms.len(),
+            p50_ms: at(0.5).unwrap_or(0),
+            p99_ms: at(0.99).unwrap_or(0),
+            max_ms: ms.last().copied().unwrap_or(0),
+        })
+    }
 }
 
 /// Stage 3: the funnel at peak, layer by layer.
@@ -81,6 +108,7 @@ pub struct Funnel {
     /// What the ledger holds once the worker applied everything, and the audit's verdict.
     pub units_sold: u64,
     pub audit: String,
+    pub queued_to_order: QueuedToOrder,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -89,106 +117,7 @@ pub struct StagesReport {
     pub funnel: Funnel,
 }
 
-/// The settings every process of the run shares (besides the stores' from the environment).
-struct Settings {
-    exe: std::path::PathBuf,
-    env: Vec<(String, String)>,
-    admin_token: String,
-    jwt_secret: String,
-}
-
-/// One `seckill serve` process of the run; killed when dropped.
-struct Proc {
-    child: Child,
-    public: SocketAddr,
-    admin: SocketAddr,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("no free port")
-}
-
 impl Settings {
-    fn spawn(&self, role: &str, extra: &[(&str, String)]) -> anyhow::Result<Proc> {
-        let (public, admin) = (free_addr()?, free_addr()?);
-        let child = Command::new(&self.exe)
-            .args(["serve", "--roles", role])
-            .args([
-                "--listen",
-                &public.to_string(),
-                "--admin-listen",
-                &admin.to_string(),
-            ])
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("SECKILL_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("start seckill serve --roles {role}"))?;
-        Ok(Proc { child, public, admin })
-    }
-
-    async fn ready(&self, p: &Proc) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok((200, _)) = call(p.admin, "GET", "/readyz", "", "").await {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                anyhow::bail!(format!("the process on {} did not become ready in 60 s", p.admin));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Create a sale through the first API process's admin listener; every API process knows it
-    /// on return.
-    async fn sale(&self, api: &[Proc], id: u64, stock: u64, buckets: u32) -> anyhow::Result<()> {
-        let now = crate::cli::tools::wall_now_ms();
-        let spec = json!({
-            "id": id, "total_stock": stock, "buckets": buckets, "fallback_pct": 10,
-            "start_ms": now - 1_000, "end_ms": now + 3_600_000, "pay_timeout_ms": 3_600_000,
-        });
-        let (status, body) = call(
-            api[0].admin,
-            "POST",
-            "/api/v1/admin/activities",
-            &self.admin_token,
-            &spec.to_string(),
-        )
-        .await?;
-        if status != 201 {
-            anyhow::bail!(format!("create sale {id}: {status} {body}"));
-        }
-        for p in api {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while call(p.public, "GET", &format!("/api/v1/activities/{id}"), "", "")
-                .await?
-                .0
-                != 200
-            {
-                if tokio::time::Instant::now() > deadline {
-                    anyhow::bail!(format!(
-                        "the API process on {} never learnt of sale {id}",
-                        p.public
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        Ok(())
-    }
-
     /// Load `clicks` of one sale over the API processes, the connections split evenly.
     async fn load(
         &self,
@@ -221,63 +150,14 @@ impl Settings {
     }
 }
 
-impl Settings {
-    /// Wait until the sale is at rest (every queued order applied, nothing left in the outbox),
-    /// so that the worker's backlog does not run into the next measurement; the audit's answer.
-    async fn settle(&self, api: &[Proc], activity: u64) -> anyhow::Result<Value> {
-        let path = format!("/api/v1/admin/activities/{activity}/audit");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-        loop {
-            let (status, body) = call(api[0].admin, "GET", &path, &self.admin_token, "").await?;
-            let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-            if status == 200 && v["consumer_lag"] == 0 && v["open_reservations"] == 0 {
-                return Ok(v);
-            }
-            if tokio::time::Instant::now() > deadline {
-                anyhow::bail!(format!("sale {activity} never came to rest: {status} {body}"));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-}
-
-/// One HTTP exchange on a fresh connection: the status and the body as text.
-async fn call(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    bearer: &str,
-    body: &str,
-) -> anyhow::Result<(u16, String)> {
-    let mut c = Conn::new(addr);
-    let status = c
-        .request(method, path, bearer, body)
-        .await
-        .with_context(|| format!("{method} {path} on {addr}"))?;
-    Ok((status, String::from_utf8_lossy(&c.body).into_owned()))
-}
-
-/// CPU time the processes have used so far (all their threads), in nanoseconds.
-fn cpu_ns(procs: &[Proc]) -> anyhow::Result<u64> {
-    let mut total = 0;
-    for p in procs {
-        let dir = format!("/proc/{}/task", p.child.id());
-        for task in std::fs::read_dir(&dir).with_context(|| dir.clone())? {
-            let path = task?.path().join("schedstat");
-            // A thread that ended between the listing and the read is simply not counted.
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                total += text
-                    .split_whitespace()
-                    .next()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .with_context(|| format!("{}: unreadable", path.display()))?;
-            }
-        }
-    }
-    Ok(total)
-}
-
-fn row(stage: u8, name: String, api: usize, r: &LoadReport, cpu_s: f64) -> StageRow {
+fn row(
+    stage: u8,
+    name: String,
+    api: usize,
+    r: &LoadReport,
+    cpu_s: f64,
+    queued_to_order: QueuedToOrder,
+) -> StageRow {
     let purchases: u64 = r.by_status.values().sum();
     StageRow {
         stage,
@@ -291,6 +171,7 @@ fn row(stage: u8, name: String, api: usize, r: &LoadReport, cpu_s: f64) -> Stage
         purchases_per_api_cpu_s: purchases as f64 / cpu_s.max(1e-9),
         queued: r.by_status.get(&202).copied().unwrap_or(0),
         errors: r.errors,
+        queued_to_order,
     }
 }
 
@@ -299,26 +180,11 @@ fn row(stage: u8, name: String, api: usize, r: &LoadReport, cpu_s: f64) -> Stage
 pub async fn run(
     opts: &StagesOptions,
     stores: Vec<(String, String)>,
+    ledger: &MysqlLedger,
     progress: impl Fn(&str),
 ) -> anyhow::Result<StagesReport> {
     let run_id = crate::cli::tools::wall_now_ms();
-    let secret = |what: &str| format!("stages-{what}-{run_id:x}-0123456789abcdef");
-    let settings = Settings {
-        exe: std::env::current_exe().context("this binary")?,
-        admin_token: secret("admin"),
-        jwt_secret: secret("jwt"),
-        env: stores
-            .into_iter()
-            .chain([
-                ("SECKILL_TOPIC".into(), format!("seckill.stages.{run_id}")),
-                ("SECKILL_ADMIN_TOKEN".into(), secret("admin")),
-                ("SECKILL_TOKEN_SECRET".into(), secret("token")),
-                ("SECKILL_JWT_SECRET".into(), secret("jwt")),
-                ("SECKILL_JWT_AUDIENCE".into(), AUDIENCE.into()),
-                ("SECKILL_PAYMENT_SECRET".into(), secret("payment")),
-            ])
-            .collect(),
-    };
+    let settings = Settings::new(stores, run_id)?;
     // The generator is one address: the per-IP limit would measure itself, not the engine.
     let unlimited = [
         ("SECKILL_RATE_PER_IP_PER_SEC", "10000000".to_string()),
@@ -354,7 +220,8 @@ pub async fn run(
     settings.sale(&api, id, opts.users * 2, 16).await?;
     let (r, cpu) = settings.load(&api, id, opts.users, 1, 0.0, opts).await?;
     settings.settle(&api, id).await?;
-    rows.push(row(1, "one API process at its limit".into(), 1, &r, cpu));
+    let waited = QueuedToOrder::of(ledger, id).await?;
+    rows.push(row(1, "one API process at its limit".into(), 1, &r, cpu, waited));
     progress(&format!("stage 1: {:.0} purchases/s", rows[0].purchases_per_sec));
     drop(api);
 
@@ -365,8 +232,9 @@ pub async fn run(
         settings.sale(&api, id, opts.users * 2, 16).await?;
         let (r, cpu) = settings.load(&api, id, opts.users, 1, 0.0, opts).await?;
         settings.settle(&api, id).await?;
+        let waited = QueuedToOrder::of(ledger, id).await?;
         let name = format!("spread over {n} API process{}", if n == 1 { "" } else { "es" });
-        rows.push(row(2, name, n, &r, cpu));
+        rows.push(row(2, name, n, &r, cpu, waited));
         progress(&format!(
             "stage 2, {n} API: {:.0} purchases per API CPU-s",
             rows.last().expect("pushed").purchases_per_api_cpu_s
@@ -405,6 +273,7 @@ pub async fn run(
         latency_ms_p99: r.latency_us_p99 as f64 / 1e3,
         units_sold: audit["units_sold"].as_u64().unwrap_or(0),
         audit: audit["verdict"].as_str().unwrap_or("unknown").to_string(),
+        queued_to_order: QueuedToOrder::of(ledger, id).await?,
     };
     progress("stage 3: done");
     drop((api, worker, jobs));
@@ -417,13 +286,22 @@ pub fn table(r: &StagesReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<5} {:<34} {:>4} {:>7} {:>12} {:>8} {:>8} {:>9} {:>16}",
-        "stage", "run", "api", "clicks", "purchases/s", "p50 ms", "p99 ms", "API CPU-s", "per API CPU-s"
+        "{:<5} {:<34} {:>4} {:>7} {:>12} {:>8} {:>8} {:>9} {:>14} {:>22}",
+        "stage",
+        "run",
+        "api",
+        "clicks",
+        "purchases/s",
+        "p50 ms",
+        "p99 ms",
+        "API CPU-s",
+        "per API CPU-s",
+        "202 -> order p50/p99 ms"
     );
     for row in &r.rows {
         let _ = writeln!(
             out,
-            "{:<5} {:<34} {:>4} {:>7} {:>12.0} {:>8.2} {:>8.2} {:>9.2} {:>16.0}",
+            "{:<5} {:<34} {:>4} {:>7} {:>12.0} {:>8.2} {:>8.2} {:>9.2} {:>14.0} {:>22}",
             row.stage,
             row.name,
             row.api_processes,
@@ -432,7 +310,8 @@ pub fn table(r: &StagesReport) -> String {
             row.latency_ms_p50,
             row.latency_ms_p99,
             row.api_cpu_s,
-            row.purchases_per_api_cpu_s
+            row.purchases_per_api_cpu_s,
+            format!("{} / {}", row.queued_to_order.p50_ms, row.queued_to_order.p99_ms),
         );
     }
     let f = &r.funnel;
@@ -456,6 +335,12 @@ pub fn table(r: &StagesReport) -> String {
         out,
         "  ledger at rest     {} units sold of {}; audit {}",
         f.units_sold, f.stock, f.audit
+    );
+    let q = &f.queued_to_order;
+    let _ = writeln!(
+        out,
+        "  202 -> order      p50 {} ms, p99 {} ms, max {} ms over {} orders",
+        q.p50_ms, q.p99_ms, q.max_ms, q.orders
     );
     out
 }
