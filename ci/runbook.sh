@@ -38,6 +38,7 @@ curl -sf localhost:9090/readyz > /dev/null || { tail -20 "$work/serve.log"; fail
 script=$work/block.sh
 {
   echo "set -euo pipefail"
+  echo "cd '$work'"
   echo "seckill() { '$root/target/release/seckill' \"\$@\"; }"
   cat <<'EOF'
 curl() {
@@ -51,13 +52,13 @@ EOF
   while IFS= read -r line; do
     printf 'echo %q\n' "\$ $line"
     printf '%s\n' "$line"
-    if [[ "$line" == *"/api/v1/admin/activities -H"* ]]; then
+    if [[ "$line" == "seckill admin create "* ]]; then
       # Not the runbook's: user 7 buys a unit, and the worker applies it.
       cat <<EOF
 J=\$(seckill jwt --user 7)
 T=\$(curl -s -X POST localhost:8080/api/v1/activities/$id/token -H "authorization: Bearer \$J" | sed 's/.*"token":"\\([^"]*\\)".*/\\1/')
 curl -s -X POST localhost:8080/api/v1/activities/$id/purchase -H "authorization: Bearer \$J" --json '{"token": "'\$T'"}'
-for _ in \$(seq 60); do command curl -s \$A/api/v1/admin/activities/$id/orders/7 -H "\$H" | grep -q '"created"' && break; sleep 0.5; done
+for _ in \$(seq 60); do seckill admin order $id 7 | grep -q '^state: created' && break; sleep 0.5; done
 EOF
     fi
   done <<< "$(sed -E "s/\b42\b/$id/g" <<< "$block")"

@@ -4,6 +4,8 @@
 use seckill_core::clock::Clock;
 use seckill_core::demo::{self, DemoConfig, DemoReport};
 use seckill_core::domain::ActivityId;
+mod admin;
+mod client;
 #[cfg(feature = "tools")]
 pub mod measure;
 mod serve;
@@ -42,6 +44,9 @@ enum Command {
     Audit(ActivityArgs),
     /// Run one reconciler pass over an activity on the real stores and print what it did.
     Reconcile(ActivityArgs),
+    /// The operator's calls to a running server's admin listener (create, warmup, pause, resume,
+    /// close, reconcile, audit, an order, a cancel), with exit codes a script can use.
+    Admin(admin::AdminArgs),
     /// Mint a user JWT as a login service would (the server's SECKILL_JWT_SECRET, or the
     /// development key of `serve` on the embedded default).
     Jwt(JwtArgs),
@@ -161,6 +166,7 @@ pub fn main() -> ExitCode {
         #[cfg(feature = "tools")]
         Command::Measure(m) => measure::run(m),
         Command::Migrate => tools::migrate(),
+        Command::Admin(args) => admin::run(args),
         Command::Audit(args) => tools::audit(args.activity, args.json),
         Command::Reconcile(args) => tools::reconcile(args.activity, args.json),
         Command::Jwt(args) => {

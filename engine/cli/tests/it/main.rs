@@ -1,5 +1,6 @@
 //! Integration tests of the engine's crates and the `seckill` binary, one test binary (STYLE §13).
 
+mod admin;
 mod api;
 mod conformance;
 mod consumer;

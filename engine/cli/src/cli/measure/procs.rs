@@ -2,7 +2,7 @@
 //! (`load --stages`, `bench`'s HTTP rows): on free loopback ports, with their own secrets, ready
 //! when their admin listener says so; killed when dropped.
 
-use super::load::Conn;
+use crate::cli::client::Conn;
 use anyhow::Context;
 use serde_json::{json, Value};
 use std::net::SocketAddr;

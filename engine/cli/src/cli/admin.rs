@@ -1,0 +1,268 @@
+//! `seckill admin`: the operator's calls to a running server's admin listener, as subcommands —
+//! what the runbook did with `curl`. The token is the server's admin token, from
+//! `SECKILL_ADMIN_TOKEN` or `--token-file`.
+//!
+//! Exit codes a script can use: 0 the server did it (a 2xx answer); 1 the server refused it (its
+//! status and error are printed); 2 the call could not be made (a bad flag or file, no token,
+//! the listener unreachable).
+
+use super::client::Conn;
+use super::tools::runtime_multi;
+use seckill_core::domain::ReservationId;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct AdminArgs {
+    /// The admin listener of any API process (SECKILL_ADMIN_URL; default http://127.0.0.1:9090).
+    #[arg(long)]
+    url: Option<String>,
+    /// A file holding the admin token (default: the SECKILL_ADMIN_TOKEN variable).
+    #[arg(long = "token-file")]
+    token_file: Option<PathBuf>,
+    /// Print the server's answer as it came, one JSON object.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum AdminCommand {
+    /// Create (and warm) an activity from a JSON file of the admin API's spec (id, total_stock,
+    /// buckets, fallback_pct, start_ms, end_ms, pay_timeout_ms, unit_price_minor).
+    Create {
+        /// The spec file ("-": standard input).
+        file: PathBuf,
+    },
+    /// Warm an installed activity's stock in Redis (a recovery when the ledger has orders).
+    Warmup(Activity),
+    /// Pause the sale: after the call returns, no reserve anywhere succeeds.
+    Pause(Activity),
+    /// Resume a paused sale.
+    Resume(Activity),
+    /// Close the sale for good.
+    Close(Activity),
+    /// Run one reconciler pass over the activity and print what it did.
+    Reconcile(Activity),
+    /// The activity's invariants (S1-S3, and R1 when at rest); exit 1 if one is violated.
+    Audit(Activity),
+    /// One user's order in an activity.
+    Order {
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+        activity: u64,
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+        user: u64,
+    },
+    /// Cancel an order by its reservation id (its unit goes back on sale).
+    Cancel {
+        /// The reservation id (32 hex digits), as `order` shows it.
+        reservation: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct Activity {
+    /// The activity id.
+    #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+    activity: u64,
+}
+
+/// The admin listener's address from `http://HOST:PORT[/]`.
+fn listener(url: &str) -> Result<String, String> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        format!("--url {url:?}: expected http://HOST:PORT (the admin listener serves plain HTTP on a private network)")
+    })?;
+    let host_port = rest.trim_end_matches('/');
+    match host_port.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() && !host_port.contains('/') => {
+            Ok(host_port.to_string())
+        }
+        _ => Err(format!("--url {url:?}: expected http://HOST:PORT")),
+    }
+}
+
+fn token(file: Option<&PathBuf>) -> Result<String, String> {
+    let token = match file {
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| format!("--token-file {}: {e}", path.display()))?
+        }
+        None => std::env::var("SECKILL_ADMIN_TOKEN")
+            .map_err(|_| "SECKILL_ADMIN_TOKEN: not set (or pass --token-file)".to_string())?,
+    };
+    let token = token.trim().to_string();
+    if token.is_empty() {
+        return Err(match file {
+            Some(path) => format!("--token-file {}: empty", path.display()),
+            None => "SECKILL_ADMIN_TOKEN: empty".into(),
+        });
+    }
+    Ok(token)
+}
+
+/// The call a subcommand makes: method, path, body.
+fn call_of(command: &AdminCommand) -> Result<(&'static str, String, String), String> {
+    let on = |id: u64, what: &str| {
+        (
+            "POST",
+            format!("/api/v1/admin/activities/{id}/{what}"),
+            String::new(),
+        )
+    };
+    Ok(match command {
+        AdminCommand::Create { file } => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).map_err(|e| format!("standard input: {e}"))?
+            } else {
+                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?
+            };
+            // Refused here if it is not JSON at all; the server names a bad or missing field.
+            serde_json::from_str::<serde_json::Value>(&text)
+                .map_err(|e| format!("{}: not JSON: {e}", file.display()))?;
+            ("POST", "/api/v1/admin/activities".into(), text)
+        }
+        AdminCommand::Warmup(a) => on(a.activity, "warmup"),
+        AdminCommand::Pause(a) => on(a.activity, "pause"),
+        AdminCommand::Resume(a) => on(a.activity, "resume"),
+        AdminCommand::Close(a) => on(a.activity, "close"),
+        AdminCommand::Reconcile(a) => on(a.activity, "reconcile"),
+        AdminCommand::Audit(a) => (
+            "GET",
+            format!("/api/v1/admin/activities/{}/audit", a.activity),
+            String::new(),
+        ),
+        AdminCommand::Order { activity, user } => (
+            "GET",
+            format!("/api/v1/admin/activities/{activity}/orders/{user}"),
+            String::new(),
+        ),
+        AdminCommand::Cancel { reservation } => {
+            let id: ReservationId = reservation.parse().map_err(|e| format!("reservation: {e}"))?;
+            ("POST", format!("/api/v1/admin/orders/{id}/cancel"), String::new())
+        }
+    })
+}
+
+/// An answer for a person: a JSON object as `key: value` lines (nested values as JSON), anything
+/// else as it came.
+fn human(body: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => format!("{k}: {s}"),
+                other => format!("{k}: {other}"),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => body.trim().to_string(),
+    }
+}
+
+/// The server's reason for a refusal: its error's code, the field it names and its message.
+fn refusal(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let e = &v["error"];
+    match (e["code"].as_str(), e["field"].as_str(), e["message"].as_str()) {
+        (Some(c), Some(f), Some(m)) => format!("{c}: {f}: {m}"),
+        (Some(c), None, Some(m)) => format!("{c}: {m}"),
+        _ => human(body).replace('\n', "; "),
+    }
+}
+
+pub fn run(args: AdminArgs) -> ExitCode {
+    let usage = |e: String| {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    };
+    let url = args
+        .url
+        .or_else(|| std::env::var("SECKILL_ADMIN_URL").ok())
+        .unwrap_or_else(|| "http://127.0.0.1:9090".into());
+    let (addr, token, (method, path, body)) = match (
+        listener(&url),
+        token(args.token_file.as_ref()),
+        call_of(&args.command),
+    ) {
+        (Ok(a), Ok(t), Ok(c)) => (a, t, c),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return usage(e),
+    };
+    let runtime = match runtime_multi() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let answer = runtime.block_on(async {
+        let to = tokio::net::lookup_host(&addr)
+            .await
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| format!("--url {url:?}: cannot resolve {addr}"))?;
+        let mut conn = Conn::new(to);
+        let status = (conn.request(method, &path, &token, &body).await)
+            .map_err(|e| format!("{method} {path} on {url}: {e}"))?;
+        Ok::<_, String>((status, String::from_utf8_lossy(&conn.body).into_owned()))
+    });
+    let (status, body) = match answer {
+        Ok(a) => a,
+        Err(e) => return usage(e),
+    };
+    let refused = !(200..300).contains(&status);
+    // An audit that found a violation answers 200 with its verdict: a script must see it too.
+    let violated = matches!(args.command, AdminCommand::Audit(_))
+        && serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["verdict"] != "ok");
+    match (args.json, refused) {
+        (true, _) => println!("{}", body.trim()),
+        (false, false) => println!("{}", human(&body)),
+        (false, true) => eprintln!("error: {method} {path}: {status} {}", refusal(&body)),
+    }
+    if refused || violated {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_url_must_be_plain_http_to_a_host_and_port() {
+        assert_eq!(listener("http://127.0.0.1:9090/").unwrap(), "127.0.0.1:9090");
+        assert_eq!(
+            listener("http://admin.staging:9090").unwrap(),
+            "admin.staging:9090"
+        );
+        assert!(listener("https://127.0.0.1:9090")
+            .unwrap_err()
+            .contains("plain HTTP"));
+        assert!(listener("http://127.0.0.1").unwrap_err().contains("HOST:PORT"));
+        assert!(listener("http://127.0.0.1:9090/api")
+            .unwrap_err()
+            .contains("HOST:PORT"));
+    }
+
+    #[test]
+    fn a_cancel_needs_a_reservation_id() {
+        let cancel = |r: &str| {
+            call_of(&AdminCommand::Cancel {
+                reservation: r.into(),
+            })
+        };
+        let id = "0123456789abcdef0123456789abcdef";
+        assert_eq!(cancel(id).unwrap().1, format!("/api/v1/admin/orders/{id}/cancel"));
+        assert!(cancel("42").unwrap_err().contains("32 lowercase hex digits"));
+        assert!(cancel(&id.replace('0', "/")).is_err());
+    }
+
+    #[test]
+    fn an_object_answer_reads_as_lines() {
+        assert_eq!(
+            human(r#"{"verdict":"ok","units_sold":3}"#),
+            "units_sold: 3\nverdict: ok"
+        );
+        assert_eq!(human("not json\n"), "not json");
+        let e = r#"{"error":{"code":"forbidden","field":"authorization","message":"wrong admin token"}}"#;
+        assert_eq!(refusal(e), "forbidden: authorization: wrong admin token");
+    }
+}
