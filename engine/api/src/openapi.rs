@@ -36,7 +36,7 @@ pub fn document() -> &'static str {
                        Buyers' routes and the payment callback are on the public listener; the \
                        operator's routes, /metrics and /readyz on the admin listener."
     ),
-    paths(issue_token, purchase, activity_view, order_view, reservation_view, cancel, admin_create, admin_warmup, admin_pause, admin_resume, admin_close, admin_reconcile, admin_audit, openapi, metrics, healthz, readyz, payment_callback, admin_order_view, admin_cancel),
+    paths(issue_token, purchase, activity_view, order_view, reservation_view, cancel, admin_create, admin_warmup, admin_pause, admin_resume, admin_close, admin_reconcile, admin_audit, admin_list, admin_show, openapi, metrics, healthz, readyz, payment_callback, admin_order_view, admin_cancel),
     components(schemas(
         ErrorAnswer, TokenRequest, TokenAnswer, PurchaseBody, Queued, OrderAnswer, ActivityView,
         ActivitySpec, CallbackBody
@@ -376,6 +376,41 @@ fn admin_reconcile() {}
 )]
 #[allow(dead_code)] // read by utoipa only
 fn admin_audit() {}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/activities",
+    tag = "operator",
+    summary = "Every installed activity: its spec and the operator's intent (state, version, generation)",
+    responses(
+        (status = 200, description = "the activities", body = Object),
+        (status = 503, description = "the ledger is down", body = ErrorAnswer),
+        (status = 401, description = "no bearer token", body = ErrorAnswer),
+        (status = 403, description = "wrong admin token", body = ErrorAnswer),
+    ),
+    security(("admin" = [])),
+)]
+#[allow(dead_code)] // read by utoipa only
+fn admin_list() {}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/activities/{id}",
+    tag = "operator",
+    summary = "One activity: its registry row, and per bucket the stock, open reservations and gate in Redis",
+    params(("id" = u64, Path, minimum = 1, description = "activity id")),
+    responses(
+        (status = 200, description = "the activity and its buckets", body = Object),
+        (status = 400, description = "bad id", body = ErrorAnswer),
+        (status = 404, description = "unknown activity", body = ErrorAnswer),
+        (status = 503, description = "a store is down", body = ErrorAnswer),
+        (status = 401, description = "no bearer token", body = ErrorAnswer),
+        (status = 403, description = "wrong admin token", body = ErrorAnswer),
+    ),
+    security(("admin" = [])),
+)]
+#[allow(dead_code)] // read by utoipa only
+fn admin_show() {}
 
 #[utoipa::path(
     get,

@@ -41,6 +41,8 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// Every route of the admin listener (DESIGN §12: never on the public port).
 pub const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/admin/activities"),
+    ("get", "/api/v1/admin/activities"),
+    ("get", "/api/v1/admin/activities/{id}"),
     ("post", "/api/v1/admin/activities/{id}/warmup"),
     ("post", "/api/v1/admin/activities/{id}/pause"),
     ("post", "/api/v1/admin/activities/{id}/resume"),
@@ -114,7 +116,11 @@ where
         )
     };
     let r = Router::new()
-        .route("/api/v1/admin/activities", post(admin_create::<C, B, L, N>))
+        .route(
+            "/api/v1/admin/activities",
+            post(admin_create::<C, B, L, N>).get(admin_list::<C, B, L, N>),
+        )
+        .route("/api/v1/admin/activities/{id}", get(admin_show::<C, B, L, N>))
         .route(
             "/api/v1/admin/activities/{id}/warmup",
             post(admin_warmup::<C, B, L, N>),
@@ -1116,6 +1122,50 @@ async fn registered_plan<C, B, L: Ledger, N>(
     activity
         .map(|x| StockPlan::new(&x))
         .ok_or_else(|| unknown_activity(a))
+}
+
+/// Every installed activity as the registry holds it: the spec and the operator's intent.
+async fn admin_list<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let all = api.core.ledger.registered().await.map_err(store_error)?;
+    Ok(Json(json!({ "activities": all })))
+}
+
+/// One activity: the registry's row, and per bucket what Redis holds now — the stock, the open
+/// reservations (told "queued", not yet in the ledger), the gate — and whether a recovery holds it.
+async fn admin_show<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let a = id_from(&id)?;
+    let registered =
+        (api.core.ledger.registry(a).await.map_err(store_error)?).ok_or_else(|| unknown_activity(a))?;
+    let plan = StockPlan::new(&registered.activity);
+    let view = api.core.cache.summary(&plan).await.map_err(store_error)?;
+    let buckets: Vec<Value> = view
+        .buckets
+        .iter()
+        .map(|b| {
+            json!({
+                "bucket": b.bucket.0,
+                "initial": plan.initial(b.bucket),
+                "stock": b.stock,
+                "open_reservations": b.open.len(),
+                "gate": b.gate.as_ref().map(|g| json!({
+                    "state": g.state, "intent": g.intent, "version": g.version, "generation": g.generation,
+                })),
+            })
+        })
+        .collect();
+    let mut body = serde_json::to_value(&registered).expect("plain data");
+    body["recovering"] = json!(view.meta.is_some_and(|m| m.claim.is_some()));
+    body["buckets"] = json!(buckets);
+    Ok(Json(body))
 }
 
 async fn admin_reconcile<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(

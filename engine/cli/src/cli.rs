@@ -44,8 +44,8 @@ enum Command {
     Audit(ActivityArgs),
     /// Run one reconciler pass over an activity on the real stores and print what it did.
     Reconcile(ActivityArgs),
-    /// The operator's calls to a running server's admin listener (create, warmup, pause, resume,
-    /// close, reconcile, audit, an order, a cancel), with exit codes a script can use.
+    /// The operator's calls to a running server's admin listener (list, show, create, warmup,
+    /// pause, resume, close, reconcile, audit, an order, a cancel), with exit codes a script can use.
     Admin(admin::AdminArgs),
     /// Mint a user JWT as a login service would (the server's SECKILL_JWT_SECRET, or the
     /// development key of `serve` on the embedded default).

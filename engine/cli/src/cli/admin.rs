@@ -35,6 +35,12 @@ enum AdminCommand {
         /// The spec file ("-": standard input).
         file: PathBuf,
     },
+    /// Every installed activity: id, the operator's intent (state, version, generation), stock,
+    /// window.
+    List,
+    /// One activity: its intent and spec, and per bucket the stock, the open reservations and
+    /// the gate in Redis now, and whether a recovery holds it.
+    Show(Activity),
     /// Warm an installed activity's stock in Redis (a recovery when the ledger has orders).
     Warmup(Activity),
     /// Pause the sale: after the call returns, no reserve anywhere succeeds.
@@ -121,6 +127,12 @@ fn call_of(command: &AdminCommand) -> Result<(&'static str, String, String), Str
                 .map_err(|e| format!("{}: not JSON: {e}", file.display()))?;
             ("POST", "/api/v1/admin/activities".into(), text)
         }
+        AdminCommand::List => ("GET", "/api/v1/admin/activities".into(), String::new()),
+        AdminCommand::Show(a) => (
+            "GET",
+            format!("/api/v1/admin/activities/{}", a.activity),
+            String::new(),
+        ),
         AdminCommand::Warmup(a) => on(a.activity, "warmup"),
         AdminCommand::Pause(a) => on(a.activity, "pause"),
         AdminCommand::Resume(a) => on(a.activity, "resume"),
@@ -157,6 +169,73 @@ fn human(body: &str) -> String {
             .join("\n"),
         _ => body.trim().to_string(),
     }
+}
+
+/// `list`'s answer as a table, one activity a line.
+fn activities_table(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let mut out = format!(
+        "{:>12} {:<8} {:>7} {:>10} {:>9} {:>7} {:>15} {:>15}",
+        "id", "state", "version", "generation", "stock", "buckets", "start_ms", "end_ms"
+    );
+    // (A JSON value's Display ignores widths: each is made text first.)
+    let t = |v: &serde_json::Value| v.to_string();
+    for r in v["activities"].as_array()? {
+        let (a, i) = (&r["activity"], &r["intent"]);
+        out += &format!(
+            "\n{:>12} {:<8} {:>7} {:>10} {:>9} {:>7} {:>15} {:>15}",
+            t(&a["id"]),
+            i["state"].as_str()?,
+            t(&i["version"]),
+            t(&i["generation"]),
+            t(&a["total_stock"]),
+            t(&a["buckets"]),
+            t(&a["start_ms"]),
+            t(&a["end_ms"])
+        );
+    }
+    Some(out)
+}
+
+/// `show`'s answer: the activity's lines, then its buckets as a table.
+fn activity_table(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let (a, i) = (&v["activity"], &v["intent"]);
+    let mut out = format!(
+        "activity {}: {} (version {}, generation {}){}\n{} units in {} buckets, {}% in the fallback; window {} .. {} ms\n",
+        a["id"],
+        i["state"].as_str()?,
+        i["version"],
+        i["generation"],
+        if v["recovering"] == true { "; a recovery holds it" } else { "" },
+        a["total_stock"],
+        a["buckets"],
+        a["fallback_pct"],
+        a["start_ms"],
+        a["end_ms"],
+    );
+    out += &format!(
+        "{:>6} {:>9} {:>9} {:>6} gate",
+        "bucket", "initial", "stock", "open"
+    );
+    for b in v["buckets"].as_array()? {
+        let gate = match &b["gate"] {
+            serde_json::Value::Null => "missing".to_string(),
+            g => format!("{} g{}", g["state"].as_str().unwrap_or("?"), g["generation"]),
+        };
+        let stock = match &b["stock"] {
+            serde_json::Value::Null => "missing".to_string(),
+            n => n.to_string(),
+        };
+        out += &format!(
+            "\n{:>6} {:>9} {:>9} {:>6} {gate}",
+            b["bucket"].to_string(),
+            b["initial"].to_string(),
+            stock,
+            b["open_reservations"].to_string(),
+        );
+    }
+    Some(out)
 }
 
 /// The server's reason for a refusal: its error's code, the field it names and its message.
@@ -212,7 +291,14 @@ pub fn run(args: AdminArgs) -> ExitCode {
         && serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["verdict"] != "ok");
     match (args.json, refused) {
         (true, _) => println!("{}", body.trim()),
-        (false, false) => println!("{}", human(&body)),
+        (false, false) => {
+            let table = match args.command {
+                AdminCommand::List => activities_table(&body),
+                AdminCommand::Show(_) => activity_table(&body),
+                _ => None,
+            };
+            println!("{}", table.unwrap_or_else(|| human(&body)))
+        }
         (false, true) => eprintln!("error: {method} {path}: {status} {}", refusal(&body)),
     }
     if refused || violated {

@@ -94,6 +94,31 @@ async fn admin_runs_the_operators_calls_with_exit_codes_a_script_can_use() {
     );
     assert!(err.contains("409"), "{err}");
 
+    let (code, out, err) = call(Some(TOKEN), &["list"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().take(2).eq(["42", "open"])),
+        "{out}"
+    );
+    let (code, out, err) = call(Some(TOKEN), &["show", "42"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with("activity 42: open (version 1, generation 0)\n100 units in 4 buckets"),
+        "{out}"
+    );
+    assert_eq!(
+        out.lines().count(),
+        3 + 5,
+        "the header lines and 4 buckets + the fallback: {out}"
+    );
+    let (code, out, err) = call(Some(TOKEN), &["--json", "show", "42"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    let stock: i64 = (shown["buckets"].as_array().unwrap().iter())
+        .map(|b| b["stock"].as_i64().unwrap())
+        .sum();
+    assert_eq!(stock, 100, "every unit in Redis before a sale: {out}");
     for step in ["pause", "resume", "reconcile"] {
         let (code, _, err) = call(Some(TOKEN), &[step, "42"]).await;
         assert_eq!(code, Some(0), "{step}: {err}");

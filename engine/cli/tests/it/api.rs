@@ -1190,6 +1190,8 @@ async fn authorization_matrix_every_route_times_every_identity() {
         ("GET", "/api/v1/openapi.json", Expect::SameForAll),
         ("GET", "/healthz", Expect::SameForAll),
         ("POST", "/api/v1/admin/activities", Expect::AdminOnly { ok: 201 }),
+        ("GET", "/api/v1/admin/activities", Expect::AdminOnly { ok: 200 }),
+        ("GET", "/api/v1/admin/activities/1", Expect::AdminOnly { ok: 200 }),
         (
             "POST",
             "/api/v1/admin/activities/1/warmup",
