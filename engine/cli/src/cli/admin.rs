@@ -62,7 +62,7 @@ enum AdminCommand {
     },
     /// Cancel an order by its reservation id (its unit goes back on sale).
     Cancel {
-        /// The reservation id (32 hex digits), as `order` shows it.
+        /// The reservation id (32 lowercase hex digits), as `order` shows it.
         reservation: String,
     },
 }

@@ -29,13 +29,6 @@ const USERS: u64 = 1_000_000;
 /// Buckets of the sales the purchase rows load.
 const BUCKETS: u32 = 64;
 
-/// The server's own limits out of the way: the generator is one address, and the per-IP limit
-/// would measure itself, not the route.
-const UNLIMITED: [(&str, &str); 2] = [
-    ("SECKILL_RATE_PER_IP_PER_SEC", "10000000"),
-    ("SECKILL_RATE_GLOBAL_PER_SEC", "10000000"),
-];
-
 /// The HTTP rows `wanted` asks for; `stores` are the real stores' settings, `run` this bench
 /// run's id (its sales' ids on the real stores start from it).
 pub async fn rows(
@@ -55,8 +48,7 @@ pub async fn rows(
         }
         let real = !stores.is_empty();
         let settings = Settings::new(stores, run)?;
-        let unlimited = UNLIMITED.map(|(k, v)| (k, v.to_string()));
-        let server = settings.spawn("api,worker,jobs", &unlimited)?;
+        let server = settings.spawn("api,worker,jobs", &super::procs::unlimited())?;
         settings.ready(&server).await?;
         let api = std::slice::from_ref(&server);
         let cfg = |activity: u64, users: u64, target: Target| LoadConfig {

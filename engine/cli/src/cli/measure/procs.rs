@@ -118,6 +118,15 @@ impl Settings {
     }
 }
 
+/// The rate limits out of the way: the generator is one address, and the per-IP limit would
+/// measure itself, not the engine.
+pub(super) fn unlimited() -> [(&'static str, String); 2] {
+    [
+        ("SECKILL_RATE_PER_IP_PER_SEC", "10000000".to_string()),
+        ("SECKILL_RATE_GLOBAL_PER_SEC", "10000000".to_string()),
+    ]
+}
+
 /// The real stores' settings of this process's environment, as the processes it starts get them.
 pub(super) fn stores_from_env() -> Vec<(String, String)> {
     ["REDIS_URL", "KAFKA_BROKERS", "DATABASE_URL"]
@@ -130,7 +139,7 @@ impl Settings {
     /// The settings of a run: `stores` (REDIS_URL, KAFKA_BROKERS, DATABASE_URL; none for the
     /// embedded stores), secrets of the run's own, and a topic of its own.
     pub(super) fn new(stores: Vec<(String, String)>, run_id: u64) -> anyhow::Result<Settings> {
-        let secret = |what: &str| format!("stages-{what}-{run_id:x}-0123456789abcdef");
+        let secret = |what: &str| format!("measure-{what}-{run_id:x}-0123456789abcdef");
         Ok(Settings {
             exe: std::env::current_exe().context("this binary")?,
             admin_token: secret("admin"),
@@ -138,7 +147,7 @@ impl Settings {
             env: stores
                 .into_iter()
                 .chain([
-                    ("SECKILL_TOPIC".into(), format!("seckill.stages.{run_id}")),
+                    ("SECKILL_TOPIC".into(), format!("seckill.measure.{run_id}")),
                     ("SECKILL_ADMIN_TOKEN".into(), secret("admin")),
                     ("SECKILL_TOKEN_SECRET".into(), secret("token")),
                     ("SECKILL_JWT_SECRET".into(), secret("jwt")),

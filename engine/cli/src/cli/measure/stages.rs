@@ -185,11 +185,7 @@ pub async fn run(
 ) -> anyhow::Result<StagesReport> {
     let run_id = crate::cli::tools::wall_now_ms();
     let settings = Settings::new(stores, run_id)?;
-    // The generator is one address: the per-IP limit would measure itself, not the engine.
-    let unlimited = [
-        ("SECKILL_RATE_PER_IP_PER_SEC", "10000000".to_string()),
-        ("SECKILL_RATE_GLOBAL_PER_SEC", "10000000".to_string()),
-    ];
+    let unlimited = super::procs::unlimited();
     let worker = settings.spawn("worker", &[])?;
     let jobs = settings.spawn("jobs", &[])?;
     settings.ready(&worker).await?;
