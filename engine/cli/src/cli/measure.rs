@@ -43,9 +43,17 @@ pub fn run(command: Command) -> ExitCode {
 
 #[derive(clap::Args)]
 pub struct LoadArgs {
-    /// The server, loopback only.
-    #[arg(long, default_value = "http://127.0.0.1:8080", value_parser = load::parse_url)]
-    url: std::net::SocketAddr,
+    /// An API process to load, http://HOST:PORT; repeat it (or separate with commas) for several:
+    /// the connections are spread over them. Loopback only, unless --remote.
+    #[arg(long, default_value = "http://127.0.0.1:8080", value_delimiter = ',')]
+    url: Vec<String>,
+    /// Allow --url to name servers that are not on this machine (a staging cluster you run).
+    #[arg(long)]
+    remote: bool,
+    /// A file holding the HS256 secret the servers check buyers' JWTs with (default: the
+    /// SECKILL_JWT_SECRET variable, or the development key of `serve` on the embedded default).
+    #[arg(long = "jwt-secret-file")]
+    jwt_secret_file: Option<std::path::PathBuf>,
     /// The activity to buy from.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), required_unless_present = "stages")]
     activity: Option<u64>,
@@ -80,7 +88,7 @@ pub struct LoadArgs {
     /// clicks over 1, 2 and 3 API processes; the full funnel at peak) on the real stores
     /// (REDIS_URL, KAFKA_BROKERS, DATABASE_URL), starting the API, worker and jobs processes
     /// itself. `--users`, `--connections`, `--duration` and `--seed` size it.
-    #[arg(long, conflicts_with_all = ["url", "activity", "rate", "skew", "clicks_per_user", "target"])]
+    #[arg(long, conflicts_with_all = ["url", "remote", "jwt_secret_file", "activity", "rate", "skew", "clicks_per_user", "target"])]
     stages: bool,
     /// With --stages: also draw the results as a bar chart (PNG).
     #[arg(long, requires = "stages")]
@@ -214,8 +222,16 @@ fn run_load(args: LoadArgs) -> ExitCode {
     if args.stages {
         return run_stages(args);
     }
+    let addrs: Result<Vec<_>, String> = args.url.iter().map(|u| load::parse_url(u, args.remote)).collect();
+    let addrs = match addrs {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let cfg = LoadConfig {
-        addrs: vec![args.url],
+        addrs,
         activity: args.activity.expect("clap requires --activity without --stages"),
         users: args.users,
         connections: args.connections as usize,
@@ -233,9 +249,31 @@ fn run_load(args: LoadArgs) -> ExitCode {
         jwt_audience: std::env::var("SECKILL_JWT_AUDIENCE").ok(),
     };
     let cfg = if cfg.target == Target::Purchase {
-        match seckill_api::identity::minting_secret(|k| std::env::var(k).ok()) {
+        let from_file = match &args.jwt_secret_file {
+            Some(path) => match std::fs::read_to_string(path) {
+                Ok(text) => Some(text.trim().to_string()),
+                Err(e) => {
+                    eprintln!("error: --jwt-secret-file {}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+            },
+            None => None,
+        };
+        let env = |k: &str| match (k, &from_file) {
+            ("SECKILL_JWT_SECRET", Some(s)) => Some(s.clone()),
+            _ => std::env::var(k).ok(),
+        };
+        match seckill_api::identity::minting_secret(env) {
             Ok(jwt_secret) => LoadConfig { jwt_secret, ..cfg },
             Err(e) => {
+                // A secret read from the file is named as the file.
+                let e = match &args.jwt_secret_file {
+                    Some(path) => e.replace(
+                        "SECKILL_JWT_SECRET",
+                        &format!("--jwt-secret-file {}", path.display()),
+                    ),
+                    None => e,
+                };
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }

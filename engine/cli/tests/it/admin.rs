@@ -1,14 +1,9 @@
 //! `seckill admin` against a running server's admin listener, as an operator's script runs it:
 //! each call's answer and exit code (0 done, 1 refused by the server, 2 not sent).
 
-use rand::SeedableRng;
-use seckill_api::config::ServeConfig;
-use seckill_api::serve::{self, Secrets, Stores};
-use seckill_core::clock::Clock;
 use serde_json::Value;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-const TOKEN: &str = "admin-token-0123456789";
+const TOKEN: &str = crate::support::ADMIN_TOKEN;
 
 /// `seckill admin ARGS` with the token in the environment (or `token: None`, without it).
 async fn admin(token: Option<&'static str>, args: Vec<String>) -> (Option<i32>, String, String) {
@@ -32,28 +27,11 @@ async fn admin(token: Option<&'static str>, args: Vec<String>) -> (Option<i32>, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_runs_the_operators_calls_with_exit_codes_a_script_can_use() {
-    let cfg = ServeConfig {
-        admin_token: Some(TOKEN.into()),
-        token_secret: Some("k".repeat(32).into()),
-        jwt: Some(seckill_api::config::JwtKeys::Secret("j".repeat(32).into())),
-        ..ServeConfig::default()
-    };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    let secrets = Secrets::resolve(&cfg, &mut rng);
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
-    let api = serve::api(
-        &cfg,
-        Stores::embedded(),
-        &secrets,
-        Clock::new(now, tokio::time::Instant::now()),
-        &mut rng,
-    )
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = serve::start(api, listener, admin_listener, &mut rng)
-        .await
-        .unwrap();
+    let running = crate::support::embedded_server(&"j".repeat(32), 5, None).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
     let url = format!("http://{}", running.admin_addr);
     let call = |token: Option<&'static str>, args: &[&str]| {
         let args: Vec<String> = ["--url", url.as_str()]

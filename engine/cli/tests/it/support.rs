@@ -155,3 +155,56 @@ pub fn user_jwt_for(secret: &str, user: u64, aud: Option<&str>) -> String {
         aud,
     )
 }
+
+/// The admin token of [`embedded_server`].
+pub const ADMIN_TOKEN: &str = "admin-token-0123456789";
+
+/// A server of the embedded stores on two loopback sockets (public, admin) as `seckill serve`
+/// runs it, with [`ADMIN_TOKEN`], buyers' JWTs checked with `jwt_secret`, the per-IP limit out of
+/// the way, and — with `sale: Some((id, stock, buckets))` — that activity open for an hour.
+pub async fn embedded_server(
+    jwt_secret: &str,
+    seed: u64,
+    sale: Option<(u64, u64, u32)>,
+) -> seckill_api::serve::Running {
+    use rand::SeedableRng;
+    use seckill_api::config::{JwtKeys, RateLimits, ServeConfig};
+    use seckill_api::serve::{self, Secrets, Stores};
+    use seckill_core::domain::{Activity, ActivityId, ActivitySpec};
+    let cfg = ServeConfig {
+        admin_token: Some(ADMIN_TOKEN.into()),
+        token_secret: Some("k".repeat(32).into()),
+        jwt: Some(JwtKeys::Secret(jwt_secret.to_string().into())),
+        rate: RateLimits {
+            per_ip_per_sec: 1_000_000,
+            ..ServeConfig::default().rate
+        },
+        ..ServeConfig::default()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let secrets = Secrets::resolve(&cfg, &mut rng);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let clock = seckill_core::clock::Clock::new(now, tokio::time::Instant::now());
+    let api = serve::api(&cfg, Stores::embedded(), &secrets, clock, &mut rng).unwrap();
+    if let Some((id, stock, buckets)) = sale {
+        let activity = Activity::new(ActivitySpec {
+            id: ActivityId(id),
+            total_stock: stock,
+            buckets,
+            fallback_pct: 10,
+            per_user_limit: 1,
+            start_ms: now - 1_000,
+            end_ms: now + 3_600_000,
+            pay_timeout_ms: 900_000,
+            unit_price_minor: 0,
+        })
+        .unwrap();
+        api.core.create(&activity).await.unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve::start(api, listener, admin, &mut rng).await.unwrap()
+}

@@ -1,14 +1,10 @@
 //! `seckill plan`, `seckill load` and `seckill bench` as a user runs them.
 
 use crate::real::service;
-use rand::SeedableRng;
 use seckill::cli::measure::load::{self, LoadConfig, Target};
-use seckill_api::config::{RateLimits, ServeConfig};
-use seckill_api::serve::{self, Secrets, Stores};
-use seckill_core::clock::Clock;
 use serde_json::Value;
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 fn seckill(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
@@ -58,47 +54,74 @@ fn load_refuses_a_non_loopback_url() {
     assert!(err.contains("--url") && err.contains("loopback"), "{err}");
 }
 
+/// `seckill load` as a team points it at their servers: several API processes (here one server
+/// under two names), the JWT secret from a file; a server that is not on loopback only with
+/// `--remote`, and a short secret file named as the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_spreads_over_several_urls_with_the_secret_from_a_file() {
+    let secret = "s".repeat(32);
+    let running = crate::support::embedded_server(&secret, 4, Some((11, 100, 4))).await;
+    let port = running.addr.port();
+    let dir = std::env::temp_dir().join(format!("seckill-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (good, short) = (dir.join("jwt.key"), dir.join("short.key"));
+    std::fs::write(&good, format!("{secret}\n")).unwrap();
+    std::fs::write(&short, "too-short").unwrap();
+    let urls = format!("http://127.0.0.1:{port},http://localhost:{port}");
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            seckill(&args)
+        })
+    };
+    let args = |key: &std::path::Path, url: &str| -> Vec<String> {
+        [
+            "load",
+            "--activity",
+            "11",
+            "--users",
+            "300",
+            "--connections",
+            "4",
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            "--url".into(),
+            url.into(),
+            "--jwt-secret-file".into(),
+            key.display().to_string(),
+        ])
+        .collect()
+    };
+    let (code, out, err) = run(args(&good, &urls)).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["config"]["addrs"].as_array().unwrap().len(), 2, "{out}");
+    assert_eq!(
+        v["by_status"]["202"], 100,
+        "the stock queued, through both names: {out}"
+    );
+    assert_eq!(v["errors"], 0, "{out}");
+
+    let (code, _, err) = run(args(&short, &urls)).await.unwrap();
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--jwt-secret-file") && err.contains("short.key"),
+        "{err}"
+    );
+    let (code, _, err) = run(args(&good, "http://10.255.255.1:8080")).await.unwrap();
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--remote"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    running.shutdown().await.unwrap();
+}
+
 /// A sale driven by `seckill load`'s engine against the API on a socket: the funnel adds up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_drives_a_sale_and_reports_the_funnel() {
-    let cfg = ServeConfig {
-        admin_token: Some("admin-token-0123456789".into()),
-        token_secret: Some("k".repeat(32).into()),
-        jwt: Some(seckill_api::config::JwtKeys::Secret("j".repeat(32).into())),
-        rate: RateLimits {
-            per_ip_per_sec: 1_000_000,
-            ..ServeConfig::default().rate
-        },
-        ..ServeConfig::default()
-    };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    let secrets = Secrets::resolve(&cfg, &mut rng);
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
-    let stores = Stores::embedded();
-    let api = serve::api(
-        &cfg,
-        stores,
-        &secrets,
-        Clock::new(now, tokio::time::Instant::now()),
-        &mut rng,
-    )
-    .unwrap();
-    let activity = seckill_core::domain::Activity::new(seckill_core::domain::ActivitySpec {
-        id: seckill_core::domain::ActivityId(9),
-        total_stock: 200,
-        buckets: 8,
-        fallback_pct: 10,
-        per_user_limit: 1,
-        start_ms: now - 1_000,
-        end_ms: now + 3_600_000,
-        pay_timeout_ms: 900_000,
-        unit_price_minor: 0,
-    })
-    .unwrap();
-    api.core.create(&activity).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let running = serve::start(api, listener, admin, &mut rng).await.unwrap();
+    let running = crate::support::embedded_server(&"j".repeat(32), 3, Some((9, 200, 8))).await;
     let cfg = LoadConfig {
         addrs: vec![running.addr],
         activity: 9,

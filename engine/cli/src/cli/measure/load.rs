@@ -1,4 +1,5 @@
-//! `seckill load`: an HTTP load generator for a running `seckill serve` on loopback. Simulated
+//! `seckill load`: an HTTP load generator for running `seckill serve` API processes (on loopback,
+//! or elsewhere with `--remote`; connection `i` goes to the `i`-th of them, round robin). Simulated
 //! users click "buy" (each click: a token request, then the purchase with that token) over a
 //! fixed number of keep-alive connections, optionally paced to a total rate, bounded in count
 //! (the clicks) and in time (the duration). The result is the funnel — what the purchases were
@@ -72,23 +73,27 @@ pub struct LoadReport {
     pub completed: bool,
 }
 
-/// Refuse anything but `http://<loopback>:<port>`: this tool must not load someone else's server.
-pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
+/// The server of `http://HOST:PORT[/]`, resolved. Only a loopback one unless `remote`: loading a
+/// server elsewhere (a staging cluster) must be asked for, never a slip of the URL.
+pub fn parse_url(url: &str, remote: bool) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("{url:?} is not an http:// URL"))?;
+        .ok_or_else(|| format!("--url {url:?}: not an http:// URL"))?;
     let host_port = rest.trim_end_matches('/');
-    let addr: SocketAddr = match host_port.parse() {
-        Ok(a) => a,
-        Err(_) => match host_port.split_once(':') {
-            Some(("localhost", port)) => format!("127.0.0.1:{port}")
-                .parse()
-                .map_err(|_| format!("{url:?}: bad port"))?,
-            _ => return Err(format!("{url:?}: expected http://127.0.0.1:PORT")),
-        },
-    };
-    if !addr.ip().is_loopback() {
-        return Err(format!("{url:?}: only loopback addresses may be loaded"));
+    if host_port.contains('/')
+        || host_port
+            .rsplit_once(':')
+            .is_none_or(|(_, p)| p.parse::<u16>().is_err())
+    {
+        return Err(format!("--url {url:?}: expected http://HOST:PORT"));
+    }
+    let addr = (host_port.to_socket_addrs().ok().and_then(|mut a| a.next()))
+        .ok_or_else(|| format!("--url {url:?}: cannot resolve {host_port}"))?;
+    if !remote && !addr.ip().is_loopback() {
+        return Err(format!(
+            "--url {url:?}: not a loopback address; pass --remote to load a server you run elsewhere"
+        ));
     }
     Ok(addr)
 }
@@ -284,13 +289,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_loopback_urls_are_accepted() {
-        assert_eq!(parse_url("http://127.0.0.1:8080").unwrap().port(), 8080);
-        assert_eq!(parse_url("http://localhost:9000/").unwrap().port(), 9000);
-        assert!(parse_url("http://[::1]:80").unwrap().ip().is_loopback());
-        assert!(parse_url("https://127.0.0.1:1").is_err());
-        assert!(parse_url("http://10.0.0.1:80").unwrap_err().contains("loopback"));
-        assert!(parse_url("http://example.com:80").is_err());
+    fn only_loopback_urls_are_accepted_without_remote() {
+        assert_eq!(parse_url("http://127.0.0.1:8080", false).unwrap().port(), 8080);
+        assert_eq!(parse_url("http://localhost:9000/", false).unwrap().port(), 9000);
+        assert!(parse_url("http://[::1]:80", false).unwrap().ip().is_loopback());
+        assert!(parse_url("https://127.0.0.1:1", false).is_err());
+        assert!(parse_url("http://127.0.0.1", false)
+            .unwrap_err()
+            .contains("HOST:PORT"));
+        assert!(parse_url("http://127.0.0.1:80/api", false)
+            .unwrap_err()
+            .contains("HOST:PORT"));
+        assert!(parse_url("http://10.0.0.1:80", false)
+            .unwrap_err()
+            .contains("--remote"));
+        assert_eq!(
+            parse_url("http://10.0.0.1:80", true).unwrap().to_string(),
+            "10.0.0.1:80"
+        );
     }
 
     #[test]
