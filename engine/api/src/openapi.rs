@@ -297,22 +297,23 @@ fn admin_create() {}
 #[allow(dead_code)] // read by utoipa only
 fn admin_warmup() {}
 
-// Pause, resume and close: one shape, one state each (rustfmt re-indents the attribute in a
-// macro body further on every run).
+// The operations on one activity by id: one shape, their method, path, summary, success and
+// which store's absence is a 503 (rustfmt re-indents the attribute in a macro body further on
+// every run).
 #[rustfmt::skip]
-macro_rules! set_state_operation {
-    ($name:ident, $path:literal, $summary:literal) => {
+macro_rules! activity_operation {
+    ($name:ident, $method:ident, $path:literal, $summary:literal, $ok:literal, $down:literal) => {
         #[utoipa::path(
-            post,
+            $method,
             path = $path,
             tag = "operator",
             summary = $summary,
             params(("id" = u64, Path, minimum = 1, description = "activity id")),
             responses(
-                (status = 200, description = "new state", body = Object),
+                (status = 200, description = $ok, body = Object),
                 (status = 400, description = "bad id", body = ErrorAnswer),
                 (status = 404, description = "unknown activity", body = ErrorAnswer),
-                (status = 503, description = "Redis is down", body = ErrorAnswer),
+                (status = 503, description = $down, body = ErrorAnswer),
                 (status = 401, description = "no bearer token", body = ErrorAnswer),
                 (status = 403, description = "wrong admin token", body = ErrorAnswer),
             ),
@@ -323,59 +324,54 @@ macro_rules! set_state_operation {
     };
 }
 
-set_state_operation!(
+activity_operation!(
     admin_pause,
-    "/api/v1/admin/activities/{id}/pause",
-    "Pause the activity (all engines follow within 200 ms)"
-);
-set_state_operation!(
-    admin_resume,
-    "/api/v1/admin/activities/{id}/resume",
-    "Resume the activity (all engines follow within 200 ms)"
-);
-set_state_operation!(
-    admin_close,
-    "/api/v1/admin/activities/{id}/close",
-    "Close the activity (all engines follow within 200 ms)"
-);
-
-#[utoipa::path(
     post,
-    path = "/api/v1/admin/activities/{id}/reconcile",
-    tag = "operator",
-    summary = "One reconciler pass",
-    params(("id" = u64, Path, minimum = 1, description = "activity id")),
-    responses(
-        (status = 200, description = "what it did, and differences it cannot explain", body = Object),
-        (status = 400, description = "bad id", body = ErrorAnswer),
-        (status = 404, description = "unknown activity", body = ErrorAnswer),
-        (status = 503, description = "a store is down", body = ErrorAnswer),
-        (status = 401, description = "no bearer token", body = ErrorAnswer),
-        (status = 403, description = "wrong admin token", body = ErrorAnswer),
-    ),
-    security(("admin" = [])),
-)]
-#[allow(dead_code)] // read by utoipa only
-fn admin_reconcile() {}
-
-#[utoipa::path(
+    "/api/v1/admin/activities/{id}/pause",
+    "Pause the activity (all engines follow within 200 ms)",
+    "new state",
+    "Redis is down"
+);
+activity_operation!(
+    admin_resume,
+    post,
+    "/api/v1/admin/activities/{id}/resume",
+    "Resume the activity (all engines follow within 200 ms)",
+    "new state",
+    "Redis is down"
+);
+activity_operation!(
+    admin_close,
+    post,
+    "/api/v1/admin/activities/{id}/close",
+    "Close the activity (all engines follow within 200 ms)",
+    "new state",
+    "Redis is down"
+);
+activity_operation!(
+    admin_reconcile,
+    post,
+    "/api/v1/admin/activities/{id}/reconcile",
+    "One reconciler pass",
+    "what it did, and differences it cannot explain",
+    "a store is down"
+);
+activity_operation!(
+    admin_audit,
     get,
-    path = "/api/v1/admin/activities/{id}/audit",
-    tag = "operator",
-    summary = "The invariants over Redis, the ledger and the consumer lag",
-    params(("id" = u64, Path, minimum = 1, description = "activity id")),
-    responses(
-        (status = 200, description = "verdict and violations", body = Object),
-        (status = 400, description = "bad id", body = ErrorAnswer),
-        (status = 404, description = "unknown activity", body = ErrorAnswer),
-        (status = 503, description = "a store is down", body = ErrorAnswer),
-        (status = 401, description = "no bearer token", body = ErrorAnswer),
-        (status = 403, description = "wrong admin token", body = ErrorAnswer),
-    ),
-    security(("admin" = [])),
-)]
-#[allow(dead_code)] // read by utoipa only
-fn admin_audit() {}
+    "/api/v1/admin/activities/{id}/audit",
+    "The invariants over Redis, the ledger and the consumer lag",
+    "verdict and violations",
+    "a store is down"
+);
+activity_operation!(
+    admin_show,
+    get,
+    "/api/v1/admin/activities/{id}",
+    "One activity: its registry row, and per bucket the stock, open reservations and gate in Redis",
+    "the activity and its buckets",
+    "a store is down"
+);
 
 #[utoipa::path(
     get,
@@ -392,25 +388,6 @@ fn admin_audit() {}
 )]
 #[allow(dead_code)] // read by utoipa only
 fn admin_list() {}
-
-#[utoipa::path(
-    get,
-    path = "/api/v1/admin/activities/{id}",
-    tag = "operator",
-    summary = "One activity: its registry row, and per bucket the stock, open reservations and gate in Redis",
-    params(("id" = u64, Path, minimum = 1, description = "activity id")),
-    responses(
-        (status = 200, description = "the activity and its buckets", body = Object),
-        (status = 400, description = "bad id", body = ErrorAnswer),
-        (status = 404, description = "unknown activity", body = ErrorAnswer),
-        (status = 503, description = "a store is down", body = ErrorAnswer),
-        (status = 401, description = "no bearer token", body = ErrorAnswer),
-        (status = 403, description = "wrong admin token", body = ErrorAnswer),
-    ),
-    security(("admin" = [])),
-)]
-#[allow(dead_code)] // read by utoipa only
-fn admin_show() {}
 
 #[utoipa::path(
     get,

@@ -220,6 +220,13 @@ pub const SECRET_FILES: [(&str, &str); 8] = [
     ("DATABASE_URL", "DATABASE_URL_FILE"),
 ];
 
+/// A secret file's value: its content less one trailing newline (as `echo` and editors leave it).
+pub fn read_secret_file(path: &std::path::Path) -> std::io::Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    let value = text.strip_suffix('\n').unwrap_or(&text);
+    Ok(value.strip_suffix('\r').unwrap_or(value).to_string())
+}
+
 /// The secrets that come from files rather than from the environment (`get` looks a variable
 /// up): `VAR_FILE` names the file (a Kubernetes Secret or a Docker secret mounted as files),
 /// or systemd's `LoadCredential=VAR:/path` puts it at `$CREDENTIALS_DIRECTORY/VAR`. The file's
@@ -242,11 +249,9 @@ pub fn secret_files(
                 _ => continue,
             },
         };
-        let text = std::fs::read_to_string(&path)
+        let value = read_secret_file(&path)
             .map_err(|e| bad(named_by, format!("{var}: cannot read {}: {e}", path.display())))?;
-        let value = text.strip_suffix('\n').unwrap_or(&text);
-        let value = value.strip_suffix('\r').unwrap_or(value);
-        out.insert(var, value.to_string());
+        out.insert(var, value);
     }
     Ok(out)
 }

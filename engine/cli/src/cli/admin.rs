@@ -17,7 +17,8 @@ pub struct AdminArgs {
     /// The admin listener of any API process (SECKILL_ADMIN_URL; default http://127.0.0.1:9090).
     #[arg(long)]
     url: Option<String>,
-    /// A file holding the admin token (default: the SECKILL_ADMIN_TOKEN variable).
+    /// A file holding the admin token (default: SECKILL_ADMIN_TOKEN or SECKILL_ADMIN_TOKEN_FILE,
+    /// as `serve` reads them).
     #[arg(long = "token-file")]
     token_file: Option<PathBuf>,
     /// Print the server's answer as it came, one JSON object.
@@ -88,16 +89,16 @@ fn listener(url: &str) -> Result<String, String> {
     }
 }
 
+/// The admin token: `--token-file`, else `SECKILL_ADMIN_TOKEN` as `serve` reads it (the variable,
+/// `SECKILL_ADMIN_TOKEN_FILE`, or systemd's credentials directory).
 fn token(file: Option<&PathBuf>) -> Result<String, String> {
+    use seckill_stores::backend::{lookup, read_secret_file};
     let token = match file {
-        Some(path) => {
-            std::fs::read_to_string(path).map_err(|e| format!("--token-file {}: {e}", path.display()))?
-        }
-        None => std::env::var("SECKILL_ADMIN_TOKEN")
-            .map_err(|_| "SECKILL_ADMIN_TOKEN: not set (or pass --token-file)".to_string())?,
+        Some(path) => read_secret_file(path).map_err(|e| format!("--token-file {}: {e}", path.display()))?,
+        None => lookup().map_err(|e| e.to_string())?("SECKILL_ADMIN_TOKEN")
+            .ok_or("SECKILL_ADMIN_TOKEN: not set (nor SECKILL_ADMIN_TOKEN_FILE; or pass --token-file)")?,
     };
-    let token = token.trim().to_string();
-    if token.is_empty() {
+    if token.trim().is_empty() {
         return Err(match file {
             Some(path) => format!("--token-file {}: empty", path.display()),
             None => "SECKILL_ADMIN_TOKEN: empty".into(),

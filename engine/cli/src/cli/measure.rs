@@ -50,8 +50,9 @@ pub struct LoadArgs {
     /// Allow --url to name servers that are not on this machine (a staging cluster you run).
     #[arg(long)]
     remote: bool,
-    /// A file holding the HS256 secret the servers check buyers' JWTs with (default: the
-    /// SECKILL_JWT_SECRET variable, or the development key of `serve` on the embedded default).
+    /// A file holding the HS256 secret the servers check buyers' JWTs with (default:
+    /// SECKILL_JWT_SECRET or SECKILL_JWT_SECRET_FILE as `serve` reads them, or the development
+    /// key of `serve` on the embedded default).
     #[arg(long = "jwt-secret-file")]
     jwt_secret_file: Option<std::path::PathBuf>,
     /// The activity to buy from.
@@ -249,31 +250,26 @@ fn run_load(args: LoadArgs) -> ExitCode {
         jwt_audience: std::env::var("SECKILL_JWT_AUDIENCE").ok(),
     };
     let cfg = if cfg.target == Target::Purchase {
-        let from_file = match &args.jwt_secret_file {
-            Some(path) => match std::fs::read_to_string(path) {
-                Ok(text) => Some(text.trim().to_string()),
-                Err(e) => {
-                    eprintln!("error: --jwt-secret-file {}: {e}", path.display());
-                    return ExitCode::from(2);
-                }
-            },
-            None => None,
+        // The secret from the file, or as `serve` reads it (SECKILL_JWT_SECRET, its _FILE, the
+        // credentials directory), or the development key.
+        use seckill_api::identity::{minting_secret, MIN_SECRET_LEN};
+        let secret = match &args.jwt_secret_file {
+            Some(path) => {
+                let named = |e: String| format!("--jwt-secret-file {}: {e}", path.display());
+                seckill_stores::backend::read_secret_file(path)
+                    .map_err(|e| named(e.to_string()))
+                    .and_then(|s| match s.len() < MIN_SECRET_LEN {
+                        true => Err(named(format!("must be at least {MIN_SECRET_LEN} bytes"))),
+                        false => Ok(s),
+                    })
+            }
+            None => seckill_stores::backend::lookup()
+                .map_err(|e| e.to_string())
+                .and_then(minting_secret),
         };
-        let env = |k: &str| match (k, &from_file) {
-            ("SECKILL_JWT_SECRET", Some(s)) => Some(s.clone()),
-            _ => std::env::var(k).ok(),
-        };
-        match seckill_api::identity::minting_secret(env) {
+        match secret {
             Ok(jwt_secret) => LoadConfig { jwt_secret, ..cfg },
             Err(e) => {
-                // A secret read from the file is named as the file.
-                let e = match &args.jwt_secret_file {
-                    Some(path) => e.replace(
-                        "SECKILL_JWT_SECRET",
-                        &format!("--jwt-secret-file {}", path.display()),
-                    ),
-                    None => e,
-                };
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
