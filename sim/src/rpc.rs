@@ -6,7 +6,8 @@ use madsim::net::Endpoint;
 use seckill_core::adapters::script::Reply;
 use seckill_core::domain::{ActivityId, ActivitySpec, ActivityState, Reservation, ReservationId, UserId};
 use seckill_core::ports::{
-    ApplyOutcome, Delivery, Intent, LedgerView, OrderRow, PayOutcome, PortError, ReconcileView, Registered,
+    ApplyOutcome, DeadLetterPage, Delivery, Intent, LedgerView, OrderRow, PayOutcome, PortError,
+    ReconcileView, Registered,
 };
 use seckill_core::service::{PurchaseOutcome, StatusView};
 use serde::{Deserialize, Serialize};
@@ -238,12 +239,25 @@ pub struct Lag {
 }
 request!(Lag => u64, 0x5e26);
 
+/// The dead-letter topic's calls, as one request type: one more handler task on the broker's node
+/// would reorder every run's scheduling.
 #[derive(Serialize, Deserialize)]
-pub struct DeadLetter {
-    pub delivery: Delivery,
-    pub reason: String,
+pub enum DeadLetters {
+    /// A consumer's `dead_letter`.
+    Add { delivery: Delivery, reason: String },
+    /// `OrderBus::dead_letters`.
+    Read { from: (u32, u64), limit: usize },
+    /// `OrderBus::purge_dead_letters`.
+    Purge { before: Vec<(u32, u64)> },
 }
-request!(DeadLetter => (), 0x5e25);
+
+#[derive(Serialize, Deserialize)]
+pub enum DeadLettersAnswer {
+    Added,
+    Page(DeadLetterPage),
+    Purged(u64),
+}
+request!(DeadLetters => DeadLettersAnswer, 0x5e25);
 
 // Engine (what clients call)
 #[derive(Serialize, Deserialize)]
@@ -310,7 +324,7 @@ mod tests {
             Committed::ID,
             Rewind::ID,
             Lag::ID,
-            DeadLetter::ID,
+            DeadLetters::ID,
             Purchase::ID,
             Status::ID,
             PayOrder::ID,

@@ -16,8 +16,8 @@ use seckill_core::domain::{
     Activity, ActivityId, ActivityState, Reservation, ReservationId, StockPlan, UserId,
 };
 use seckill_core::ports::{
-    ApplyOutcome, Delivery, Intent, Ledger, LedgerView, OrderBus, OrderRow, OrderSource, PayOutcome,
-    PortError, PortResult, ReconcileView, Registered,
+    ApplyOutcome, DeadLetter, DeadLetterPage, Delivery, Intent, Ledger, LedgerView, OrderBus, OrderRow,
+    OrderSource, PayOutcome, PortError, PortResult, ReconcileView, Registered,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -1043,7 +1043,9 @@ pub struct KafkaLog {
 struct KafkaState {
     partitions: Vec<Vec<(String, Vec<u8>)>>,
     committed: BTreeMap<(String, u32), u64>,
+    /// The dead-letter topic (one partition): its records from offset `dead_letters_purged` on.
     dead_letters: Vec<(Delivery, String)>,
+    dead_letters_purged: u64,
     groups: BTreeMap<String, Group>,
 }
 
@@ -1110,6 +1112,7 @@ impl KafkaLog {
                 partitions: vec![Vec::new(); partitions as usize],
                 committed: BTreeMap::new(),
                 dead_letters: Vec::new(),
+                dead_letters_purged: 0,
                 groups: BTreeMap::new(),
             }),
             lost_after_ack: Mutex::default(),
@@ -1142,6 +1145,56 @@ impl KafkaLog {
 
     pub fn dead_letters(&self) -> usize {
         self.state.lock().expect("kafka").dead_letters.len()
+    }
+
+    /// The dead-letter topic's calls (one partition; offsets count on across purges).
+    fn dead_letters_call(&self, req: rpc::DeadLetters) -> rpc::DeadLettersAnswer {
+        let mut st = self.state.lock().expect("kafka");
+        let st = &mut *st;
+        let purged = st.dead_letters_purged;
+        match req {
+            rpc::DeadLetters::Add { delivery, reason } => {
+                st.dead_letters.push((delivery, reason));
+                rpc::DeadLettersAnswer::Added
+            }
+            rpc::DeadLetters::Read { from, limit } => {
+                let total = st.dead_letters.len() as u64;
+                let skip = match from {
+                    (0, o) => o.saturating_sub(purged) as usize,
+                    _ => st.dead_letters.len(),
+                };
+                let mut rest = (st.dead_letters.iter().enumerate())
+                    .skip(skip)
+                    .map(|(i, (d, reason))| DeadLetter {
+                        partition: 0,
+                        offset: purged + i as u64,
+                        origin: format!("orders/{}@{}", d.partition, d.offset),
+                        key: d.key.clone(),
+                        payload: d.payload.clone(),
+                        reason: reason.clone(),
+                    });
+                let letters: Vec<_> = rest.by_ref().take(limit).collect();
+                let next = rest.next().map(|d| (0, d.offset));
+                let ends = vec![(0, purged + total)];
+                rpc::DeadLettersAnswer::Page(DeadLetterPage {
+                    letters,
+                    total,
+                    next,
+                    ends,
+                })
+            }
+            rpc::DeadLetters::Purge { before } => {
+                let below = (before.iter())
+                    .filter(|(p, _)| *p == 0)
+                    .map(|&(_, o)| o)
+                    .max()
+                    .unwrap_or(0);
+                let n = (below.saturating_sub(purged) as usize).min(st.dead_letters.len());
+                st.dead_letters.drain(..n);
+                st.dead_letters_purged += n as u64;
+                rpc::DeadLettersAnswer::Purged(n as u64)
+            }
+        }
     }
 
     /// The record at `offset` of `partition`, and whether it was dead-lettered.
@@ -1332,15 +1385,9 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
         async move { l.lag(&req.group) }
     });
     let l = log;
-    rpc::serve(&ep, move |req: rpc::DeadLetter| {
+    rpc::serve(&ep, move |req: rpc::DeadLetters| {
         let l = l.clone();
-        async move {
-            l.state
-                .lock()
-                .expect("kafka")
-                .dead_letters
-                .push((req.delivery, req.reason))
-        }
+        async move { l.dead_letters_call(req) }
     });
     std::future::pending::<()>().await;
 }
@@ -1362,6 +1409,14 @@ impl SimBus {
             ep,
             leaving: Arc::default(),
         }
+    }
+
+    async fn dead_letters_call(
+        &self,
+        op: &'static str,
+        req: rpc::DeadLetters,
+    ) -> PortResult<rpc::DeadLettersAnswer> {
+        (self.ep.call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT).await).map_err(|e| lost(op, e))
     }
 
     async fn produce(&self, key: &str, payload: &[u8]) -> PortResult<()> {
@@ -1396,6 +1451,26 @@ impl OrderBus for SimBus {
             .call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT)
             .await
             .map_err(|e| lost("lag", e))
+    }
+
+    async fn dead_letters(&self, from: (u32, u64), limit: usize) -> PortResult<DeadLetterPage> {
+        match self
+            .dead_letters_call("dead letters", rpc::DeadLetters::Read { from, limit })
+            .await?
+        {
+            rpc::DeadLettersAnswer::Page(page) => Ok(page),
+            _ => unreachable!("a read answers a page"),
+        }
+    }
+
+    async fn purge_dead_letters(&self, before: &[(u32, u64)]) -> PortResult<u64> {
+        let req = rpc::DeadLetters::Purge {
+            before: before.to_vec(),
+        };
+        match self.dead_letters_call("purge dead letters", req).await? {
+            rpc::DeadLettersAnswer::Purged(n) => Ok(n),
+            _ => unreachable!("a purge answers a count"),
+        }
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<SimSource> {
@@ -1534,13 +1609,12 @@ impl OrderSource for SimSource {
     }
 
     async fn dead_letter(&mut self, d: &Delivery, reason: &str) -> PortResult<()> {
-        let req = rpc::DeadLetter {
+        let req = rpc::DeadLetters::Add {
             delivery: d.clone(),
             reason: reason.to_string(),
         };
-        self.ep
-            .call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT)
-            .await
+        (self.ep.call_timeout(addr(rpc::KAFKA), req, STORE_TIMEOUT).await)
+            .map(drop)
             .map_err(|e| lost("dead letter", e))
     }
 

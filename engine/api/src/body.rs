@@ -244,19 +244,149 @@ pub fn activity_spec(bytes: &[u8]) -> Result<ActivitySpec, FieldError> {
 
 /// A path segment that must be a positive integer id.
 pub fn path_id(field: &str, segment: &str) -> Result<u64, FieldError> {
+    path_number(field, segment, 1..=i64::MAX as u64, "a positive integer")
+}
+
+/// A path or query value that must be a whole number in `range` (`what` it must be, if not
+/// digits at all).
+fn path_number(
+    field: &str,
+    segment: &str,
+    range: std::ops::RangeInclusive<u64>,
+    what: &str,
+) -> Result<u64, FieldError> {
     if segment.is_empty() || segment.len() > 19 || !segment.bytes().all(|c| c.is_ascii_digit()) {
-        return Err(field_error(
-            field,
-            format!("must be a positive integer, got {segment:?}"),
-        ));
+        return Err(field_error(field, format!("must be {what}, got {segment:?}")));
     }
     match segment.parse::<u64>() {
-        Ok(n) if (1..=i64::MAX as u64).contains(&n) => Ok(n),
+        Ok(n) if range.contains(&n) => Ok(n),
         _ => Err(field_error(
             field,
-            format!("must be in 1..={}, got {segment}", i64::MAX),
+            format!("must be in {}..={}, got {segment}", range.start(), range.end()),
         )),
     }
+}
+
+/// A place in the dead-letter topic, as the path `/{partition}/{offset}` names it.
+pub fn dead_letter_position(partition: &str, offset: &str) -> Result<(u32, u64), FieldError> {
+    let p = path_number("partition", partition, 0..=i32::MAX as u64, "a whole number")?;
+    let o = path_number("offset", offset, 0..=i64::MAX as u64, "a whole number")?;
+    Ok((p as u32, o))
+}
+
+/// The most dead letters one listing returns.
+pub const DEAD_LETTERS_PAGE_MAX: usize = 1_000;
+
+/// `GET /api/v1/admin/dead-letters?limit=&partition=&offset=`: where to start (default the
+/// beginning) and how many (default 100).
+pub fn dead_letter_query(query: Option<&str>) -> Result<((u32, u64), usize), FieldError> {
+    let (mut from, mut limit) = ((0u32, 0u64), 100usize);
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "limit" => {
+                let max = DEAD_LETTERS_PAGE_MAX as u64;
+                limit = path_number("limit", v, 1..=max, "a whole number")? as usize
+            }
+            "partition" => {
+                from.0 = path_number("partition", v, 0..=i32::MAX as u64, "a whole number")? as u32
+            }
+            "offset" => from.1 = path_number("offset", v, 0..=i64::MAX as u64, "a whole number")?,
+            _ => {
+                let shown: String = k.chars().take(64).collect();
+                return Err(field_error(
+                    "query",
+                    format!("unknown parameter {shown:?} (limit, partition, offset)"),
+                ));
+            }
+        }
+    }
+    Ok((from, limit))
+}
+
+/// `POST /api/v1/admin/dead-letters/replay`: one dead letter, or every one.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRequest {
+    /// Replay every dead letter the topic holds now (then leave out partition and offset).
+    #[serde(default)]
+    pub all: bool,
+    /// The dead letter's partition in the dead-letter topic.
+    #[schema(minimum = 0)]
+    pub partition: Option<u32>,
+    /// The dead letter's offset in its partition.
+    #[schema(minimum = 0)]
+    pub offset: Option<u64>,
+}
+
+/// What a replay names: every dead letter, or one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayTarget {
+    All,
+    One(u32, u64),
+}
+
+/// Kafka's bounds: a partition is an int32, an offset an int64 (as the OpenAPI formats say).
+fn in_kafka_bounds(field: &str, (partition, offset): (u32, u64)) -> Result<(u32, u64), FieldError> {
+    if partition > i32::MAX as u32 {
+        return Err(field_error(
+            &format!("{field}partition"),
+            format!("must be in 0..={}, got {partition}", i32::MAX),
+        ));
+    }
+    if offset > i64::MAX as u64 {
+        return Err(field_error(
+            &format!("{field}offset"),
+            format!("must be in 0..={}, got {offset}", i64::MAX),
+        ));
+    }
+    Ok((partition, offset))
+}
+
+pub fn replay_request(bytes: &[u8]) -> Result<ReplayTarget, FieldError> {
+    let r: ReplayRequest = decode(bytes)?;
+    if let (Some(p), Some(o)) = (r.partition, r.offset) {
+        in_kafka_bounds("", (p, o))?;
+    }
+    match (r.all, r.partition, r.offset) {
+        (true, None, None) => Ok(ReplayTarget::All),
+        (true, _, _) => Err(field_error(
+            "all",
+            "replays every dead letter: leave out partition and offset",
+        )),
+        (false, Some(p), Some(o)) => Ok(ReplayTarget::One(p, o)),
+        (false, None, _) => Err(field_error("partition", "missing (or \"all\": true)")),
+        (false, Some(_), None) => Err(field_error("offset", "missing")),
+    }
+}
+
+/// A place in the dead-letter topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Position {
+    pub partition: u32,
+    pub offset: u64,
+}
+
+/// `POST /api/v1/admin/dead-letters/purge`: delete the dead letters below these positions (as a
+/// listing's `purge_before` gives them: what arrived since stays).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PurgeRequest {
+    pub before: Vec<Position>,
+}
+
+pub fn purge_request(bytes: &[u8]) -> Result<Vec<(u32, u64)>, FieldError> {
+    let r: PurgeRequest = decode(bytes)?;
+    if r.before.is_empty() {
+        return Err(field_error(
+            "before",
+            "at least one position (a listing's purge_before)",
+        ));
+    }
+    (r.before.iter().enumerate())
+        .map(|(i, p)| in_kafka_bounds(&format!("before[{i}]."), (p.partition, p.offset)))
+        .collect()
 }
 
 #[cfg(test)]

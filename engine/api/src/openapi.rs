@@ -8,7 +8,7 @@
 //! schema to the parser's fields, and `ci/schemathesis.sh` every answer of a live server to the
 //! document.
 
-use super::body::{PurchaseBody, TokenRequest};
+use super::body::{Position, PurchaseBody, PurgeRequest, ReplayRequest, TokenRequest};
 use super::payment::CallbackBody;
 use super::routes::{ActivityView, OrderAnswer, Queued, TokenAnswer};
 use super::ErrorAnswer;
@@ -36,10 +36,10 @@ pub fn document() -> &'static str {
                        Buyers' routes and the payment callback are on the public listener; the \
                        operator's routes, /metrics and /readyz on the admin listener."
     ),
-    paths(issue_token, purchase, activity_view, order_view, reservation_view, cancel, admin_create, admin_warmup, admin_pause, admin_resume, admin_close, admin_reconcile, admin_audit, admin_list, admin_show, openapi, metrics, healthz, readyz, payment_callback, admin_order_view, admin_cancel),
+    paths(issue_token, purchase, activity_view, order_view, reservation_view, cancel, admin_create, admin_warmup, admin_pause, admin_resume, admin_close, admin_reconcile, admin_audit, admin_list, admin_show, openapi, metrics, healthz, readyz, payment_callback, admin_order_view, admin_cancel, admin_dead_letters, admin_dead_letter, admin_replay, admin_purge),
     components(schemas(
         ErrorAnswer, TokenRequest, TokenAnswer, PurchaseBody, Queued, OrderAnswer, ActivityView,
-        ActivitySpec, CallbackBody
+        ActivitySpec, CallbackBody, ReplayRequest, PurgeRequest, Position
     )),
     modifiers(&Finish)
 )]
@@ -515,3 +515,83 @@ mod tests {
         assert_eq!(documented, parsed);
     }
 }
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/dead-letters",
+    tag = "operator",
+    summary = "The dead-letter topic: records the consumer could not apply, with their reasons",
+    params(
+        ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000, description = "at most this many (default 100)"),
+        ("partition" = Option<u32>, Query, minimum = 0, description = "start in this partition (default 0)"),
+        ("offset" = Option<u64>, Query, minimum = 0, description = "at this offset (default 0)"),
+    ),
+    responses(
+        (status = 200, description = "total, dead_letters (partition, offset, origin, key, reason, payload, reservation), next, purge_before", body = Object),
+        (status = 400, description = "bad query (the parameter is named)", body = ErrorAnswer),
+        (status = 503, description = "the bus is down", body = ErrorAnswer),
+        (status = 401, description = "no bearer token", body = ErrorAnswer),
+        (status = 403, description = "wrong admin token", body = ErrorAnswer),
+    ),
+    security(("admin" = [])),
+)]
+#[allow(dead_code)] // read by utoipa only
+fn admin_dead_letters() {}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/dead-letters/{partition}/{offset}",
+    tag = "operator",
+    summary = "One dead letter",
+    params(("partition" = u32, Path, minimum = 0), ("offset" = u64, Path, minimum = 0)),
+    responses(
+        (status = 200, description = "the dead letter", body = Object),
+        (status = 400, description = "bad partition or offset", body = ErrorAnswer),
+        (status = 404, description = "no dead letter there", body = ErrorAnswer),
+        (status = 503, description = "the bus is down", body = ErrorAnswer),
+        (status = 401, description = "no bearer token", body = ErrorAnswer),
+        (status = 403, description = "wrong admin token", body = ErrorAnswer),
+    ),
+    security(("admin" = [])),
+)]
+#[allow(dead_code)] // read by utoipa only
+fn admin_dead_letter() {}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/dead-letters/replay",
+    tag = "operator",
+    summary = "Publish one dead letter, or every one, to the order topic again (a reservation the ledger holds already is left alone)",
+    request_body = ReplayRequest,
+    responses(
+        (status = 200, description = "replayed, already_orders, undecodable, and each letter's outcome", body = Object),
+        (status = 400, description = "bad body (the field is named)", body = ErrorAnswer),
+        (status = 415, description = "a body not declared JSON (Content-Type)", body = ErrorAnswer),
+        (status = 404, description = "no dead letter there", body = ErrorAnswer),
+        (status = 503, description = "the bus or the ledger is down (a replay may be run again)", body = ErrorAnswer),
+        (status = 401, description = "no bearer token", body = ErrorAnswer),
+        (status = 403, description = "wrong admin token", body = ErrorAnswer),
+    ),
+    security(("admin" = [])),
+)]
+#[allow(dead_code)] // read by utoipa only
+fn admin_replay() {}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/dead-letters/purge",
+    tag = "operator",
+    summary = "Delete the dead letters below the positions given (a listing's purge_before)",
+    request_body = PurgeRequest,
+    responses(
+        (status = 200, description = "purged: how many went", body = Object),
+        (status = 400, description = "bad body (the field is named)", body = ErrorAnswer),
+        (status = 415, description = "a body not declared JSON (Content-Type)", body = ErrorAnswer),
+        (status = 503, description = "the bus is down", body = ErrorAnswer),
+        (status = 401, description = "no bearer token", body = ErrorAnswer),
+        (status = 403, description = "wrong admin token", body = ErrorAnswer),
+    ),
+    security(("admin" = [])),
+)]
+#[allow(dead_code)] // read by utoipa only
+fn admin_purge() {}

@@ -5,7 +5,9 @@ use super::body::{self, path_id};
 use super::nonce::NonceStore;
 use super::{ApiError, Shared};
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, MatchedPath, Path, Request, State};
+use axum::extract::{
+    ConnectInfo, FromRequest, FromRequestParts, MatchedPath, Path, RawQuery, Request, State,
+};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -13,10 +15,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use rand::RngCore;
-use seckill_core::domain::{Activity, ActivityId, ActivityState, ReservationId, StockPlan, UserId};
+use seckill_core::domain::{
+    Activity, ActivityId, ActivityState, Reservation, ReservationId, StockPlan, UserId,
+};
 use seckill_core::jobs::{self, ReconcileConfig};
-use seckill_core::ports::{CancelOutcome, GateWrite, Ledger, OrderBus, PayOutcome, ReleaseKind, StockCache};
-use seckill_core::service::admin::{AdminError, Warmed};
+use seckill_core::ports::{
+    CancelOutcome, DeadLetter, GateWrite, Ledger, OrderBus, PayOutcome, ReleaseKind, StockCache,
+};
+use seckill_core::service::admin::{self, AdminError, Replayed, Warmed};
 use seckill_core::service::consumer::ORDER_GROUP;
 use seckill_core::service::{audit, order_status, reservation_status, PurchaseError, PurchaseOutcome};
 use serde_json::{json, Value};
@@ -51,6 +57,10 @@ pub const ADMIN_ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/admin/activities/{id}/audit"),
     ("get", "/api/v1/admin/activities/{id}/orders/{user}"),
     ("post", "/api/v1/admin/orders/{reservation}/cancel"),
+    ("get", "/api/v1/admin/dead-letters"),
+    ("get", "/api/v1/admin/dead-letters/{partition}/{offset}"),
+    ("post", "/api/v1/admin/dead-letters/replay"),
+    ("post", "/api/v1/admin/dead-letters/purge"),
     ("get", "/metrics"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -152,6 +162,22 @@ where
         .route(
             "/api/v1/admin/orders/{reservation}/cancel",
             post(admin_cancel::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/dead-letters",
+            get(admin_dead_letters::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/dead-letters/{partition}/{offset}",
+            get(admin_dead_letter::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/dead-letters/replay",
+            post(admin_replay::<C, B, L, N>),
+        )
+        .route(
+            "/api/v1/admin/dead-letters/purge",
+            post(admin_purge::<C, B, L, N>),
         )
         // Every operator call is audited; the probes and the scrapes below are not.
         .route_layer(axum::middleware::from_fn(audit_admin_call))
@@ -1206,6 +1232,141 @@ async fn admin_audit<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     body["verdict"] = json!(audit.verdict());
     body["violations"] = json!(audit.violations.iter().map(|v| v.to_string()).collect::<Vec<_>>());
     Ok(Json(body))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dead letters
+
+/// A dead letter as an operator reads it: its place, where it came from and why, the payload as
+/// text and, when it decodes, the reservation it carries.
+fn letter_view(d: &DeadLetter) -> Value {
+    json!({
+        "partition": d.partition, "offset": d.offset, "origin": d.origin, "key": d.key,
+        "reason": d.reason, "payload": String::from_utf8_lossy(&d.payload),
+        "reservation": Reservation::decode(&d.payload).ok(),
+    })
+}
+
+fn positions(at: &[(u32, u64)]) -> Vec<body::Position> {
+    (at.iter())
+        .map(|&(partition, offset)| body::Position { partition, offset })
+        .collect()
+}
+
+/// A page of the dead-letter topic, with where the next starts and what a purge of everything
+/// counted in `total` names.
+async fn admin_dead_letters<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let (from, limit) = body::dead_letter_query(query.as_deref()).map_err(ApiError::bad_input)?;
+    let page = api
+        .core
+        .bus
+        .dead_letters(from, limit)
+        .await
+        .map_err(store_error)?;
+    Ok(Json(json!({
+        "total": page.total,
+        "dead_letters": page.letters.iter().map(letter_view).collect::<Vec<_>>(),
+        "next": page.next.map(|(partition, offset)| body::Position { partition, offset }),
+        "purge_before": positions(&page.ends),
+    })))
+}
+
+async fn one_dead_letter<C, B: OrderBus, L, N>(
+    api: &Shared<C, B, L, N>,
+    (p, o): (u32, u64),
+) -> Result<DeadLetter, ApiError> {
+    let page = api.core.bus.dead_letters((p, o), 1).await.map_err(store_error)?;
+    (page.letters.into_iter())
+        .find(|d| (d.partition, d.offset) == (p, o))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_dead_letter",
+                format!("no dead letter at partition {p}, offset {o}"),
+            )
+            .field("offset")
+        })
+}
+
+async fn admin_dead_letter<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    Path((p, o)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let at = body::dead_letter_position(&p, &o).map_err(ApiError::bad_input)?;
+    Ok(Json(letter_view(&one_dead_letter(&api, at).await?)))
+}
+
+/// Replay one dead letter or every one the topic holds now (not those that arrive meanwhile: a
+/// replay that is dead-lettered again waits for the next call). Each is published again unless
+/// the ledger holds its reservation already; the letters stay until purged.
+async fn admin_replay<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    RawBody(bytes): RawBody,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let target = body::replay_request(&bytes).map_err(ApiError::bad_input)?;
+    let (mut results, mut counts) = (Vec::new(), [0u64; 3]);
+    let mut replay = async |d: &DeadLetter| -> Result<(), ApiError> {
+        let done = admin::replay(&api.core.bus, &api.core.ledger, d)
+            .await
+            .map_err(admin_error)?;
+        let (i, outcome, detail) = match done {
+            Replayed::Published => (0, "replayed", Value::Null),
+            Replayed::AlreadyAnOrder(s) => (1, "already_an_order", json!(s)),
+            Replayed::DoesNotDecode(e) => (2, "does_not_decode", json!(e)),
+        };
+        counts[i] += 1;
+        results.push(json!({
+            "partition": d.partition, "offset": d.offset, "outcome": outcome, "detail": detail,
+        }));
+        Ok(())
+    };
+    match target {
+        body::ReplayTarget::One(p, o) => replay(&one_dead_letter(&api, (p, o)).await?).await?,
+        body::ReplayTarget::All => {
+            const PAGE: usize = 500;
+            let (mut from, mut ends) = (Some((0, 0)), None);
+            while let Some(at) = from {
+                let page = api.core.bus.dead_letters(at, PAGE).await.map_err(store_error)?;
+                let ends: &Vec<(u32, u64)> = ends.get_or_insert(page.ends);
+                let counted = |p: u32, o: u64| ends.iter().any(|&(q, end)| q == p && o < end);
+                for d in page.letters.iter().filter(|d| counted(d.partition, d.offset)) {
+                    replay(d).await?;
+                }
+                // On while a letter counted at the start may lie at or after the next page.
+                from = (page.next).filter(|&(p, o)| counted(p, o) || ends.iter().any(|&(q, _)| q > p));
+            }
+        }
+    }
+    Ok(Json(json!({
+        "replayed": counts[0], "already_orders": counts[1], "undecodable": counts[2],
+        "letters": results,
+    })))
+}
+
+/// Delete the dead letters below the positions given (a listing's `purge_before`).
+async fn admin_purge<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
+    State(api): State<Shared<C, B, L, N>>,
+    headers: HeaderMap,
+    RawBody(bytes): RawBody,
+) -> Result<Json<Value>, ApiError> {
+    admin(&api, &headers)?;
+    let before = body::purge_request(&bytes).map_err(ApiError::bad_input)?;
+    let purged = api
+        .core
+        .bus
+        .purge_dead_letters(&before)
+        .await
+        .map_err(store_error)?;
+    Ok(Json(json!({ "purged": purged })))
 }
 
 // ---------------------------------------------------------------------------------------------

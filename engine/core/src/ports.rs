@@ -541,6 +541,33 @@ pub struct Delivery {
     pub payload: Vec<u8>,
 }
 
+/// A record on the dead-letter topic: where it sits there, where the consumer read it, why it
+/// went there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Its place in the dead-letter topic (what an operator's show, replay and purge name).
+    pub partition: u32,
+    pub offset: u64,
+    /// Where it was on the order topic (`topic/partition@offset`).
+    pub origin: String,
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub reason: String,
+}
+
+/// Part of the dead-letter topic, read partition by partition, oldest first in each.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetterPage {
+    pub letters: Vec<DeadLetter>,
+    /// Records the topic holds in all, on this page and beyond it.
+    pub total: u64,
+    /// Where the next page starts (`None`: this page reached the end of every partition).
+    pub next: Option<(u32, u64)>,
+    /// Each partition's end as it was read: a purge below these deletes the `total` records
+    /// counted here and nothing that arrived since.
+    pub ends: Vec<(u32, u64)>,
+}
+
 pub trait OrderBus: Clone + Send + Sync + 'static {
     type Source: OrderSource;
 
@@ -565,6 +592,18 @@ pub trait OrderBus: Clone + Send + Sync + 'static {
     fn probe(&self) -> impl Future<Output = PortResult<()>> + Send {
         std::future::ready(Ok(()))
     }
+
+    /// Up to `limit` dead letters from `from` = (partition, offset) on: the rest of that partition,
+    /// then every later partition from its start.
+    fn dead_letters(
+        &self,
+        from: (u32, u64),
+        limit: usize,
+    ) -> impl Future<Output = PortResult<DeadLetterPage>> + Send;
+
+    /// Delete the dead letters below each (partition, offset) given (Kafka's DeleteRecords: what
+    /// arrived after an operator looked stays); how many went.
+    fn purge_dead_letters(&self, before: &[(u32, u64)]) -> impl Future<Output = PortResult<u64>> + Send;
 
     /// Join the consumer group `group`. Positions start at the group's committed offsets, so
     /// whatever a previous member polled but did not commit is delivered again.

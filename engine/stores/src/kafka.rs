@@ -22,7 +22,9 @@ use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use seckill_core::domain::Reservation;
-use seckill_core::ports::{Delivery, OrderBus, OrderSource, PortError, PortResult};
+use seckill_core::ports::{
+    DeadLetter, DeadLetterPage, Delivery, OrderBus, OrderSource, PortError, PortResult,
+};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -235,6 +237,15 @@ impl KafkaBus {
         }
     }
 
+    /// An admin client, and its calls' options (the request timeout).
+    fn admin(&self) -> PortResult<(AdminClient<DefaultClientContext>, AdminOptions)> {
+        let admin = (client_config(&self.cfg).create()).map_err(|e| kafka_err("kafka admin", e))?;
+        let opts = AdminOptions::new()
+            .operation_timeout(Some(self.cfg.request_timeout))
+            .request_timeout(Some(self.cfg.request_timeout));
+        Ok((admin, opts))
+    }
+
     /// Create the order topic and its DLQ with the configured partition count (existing topics
     /// are left as they are).
     pub async fn ensure_topics(&self) -> PortResult<()> {
@@ -248,9 +259,7 @@ impl KafkaBus {
             producer.client().fetch_metadata(None, timeout).map(drop)
         })
         .await?;
-        let admin: AdminClient<DefaultClientContext> = client_config(&self.cfg)
-            .create()
-            .map_err(|e| kafka_err("kafka admin", e))?;
+        let (admin, opts) = self.admin()?;
         let min_insync = self.cfg.min_insync_replicas.to_string();
         let topics = [&self.cfg.topic, &self.cfg.dlq_topic].map(|name| {
             NewTopic::new(
@@ -260,9 +269,6 @@ impl KafkaBus {
             )
             .set("min.insync.replicas", &min_insync)
         });
-        let opts = AdminOptions::new()
-            .operation_timeout(Some(self.cfg.request_timeout))
-            .request_timeout(Some(self.cfg.request_timeout));
         let results = admin
             .create_topics(&topics, &opts)
             .await
@@ -315,9 +321,9 @@ impl KafkaBus {
         blocking("flush", move || producer.flush(timeout)).await
     }
 
-    /// Per-partition (low, high) watermarks of the order topic.
-    async fn watermarks(&self, consumer: Arc<BaseConsumer>) -> PortResult<Vec<(i32, i64, i64)>> {
-        let (topic, timeout) = (self.cfg.topic.clone(), self.cfg.request_timeout);
+    /// Per-partition (low, high) watermarks of `topic`.
+    async fn watermarks(&self, consumer: Arc<BaseConsumer>, topic: &str) -> PortResult<Vec<(i32, i64, i64)>> {
+        let (topic, timeout) = (topic.to_string(), self.cfg.request_timeout);
         blocking("watermarks", move || {
             let md = consumer.fetch_metadata(Some(&topic), timeout)?;
             let partitions: Vec<i32> = md
@@ -378,7 +384,7 @@ impl OrderBus for KafkaBus {
                 .create()
                 .map_err(|e| kafka_err("lag", e))?,
         );
-        let marks = self.watermarks(consumer.clone()).await?;
+        let marks = self.watermarks(consumer.clone(), &self.cfg.topic).await?;
         let mut tpl = TopicPartitionList::new();
         for &(p, _, _) in &marks {
             tpl.add_partition(&self.cfg.topic, p);
@@ -394,6 +400,94 @@ impl OrderBus for KafkaBus {
             lag += (high - at).max(0) as u64;
         }
         Ok(lag)
+    }
+
+    /// Read by a consumer of no group (assigned one partition at a time, nothing committed).
+    async fn dead_letters(&self, from: (u32, u64), limit: usize) -> PortResult<DeadLetterPage> {
+        let consumer: Arc<BaseConsumer> = Arc::new(
+            client_config(&self.cfg)
+                .set("group.id", "seckill-dead-letter-reader")
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                .create()
+                .map_err(|e| kafka_err("dead letters", e))?,
+        );
+        let marks = self.watermarks(consumer.clone(), &self.cfg.dlq_topic).await?;
+        let total = marks.iter().map(|&(_, lo, hi)| (hi - lo).max(0) as u64).sum();
+        let ends = marks
+            .iter()
+            .map(|&(p, _, hi)| (p as u32, hi.max(0) as u64))
+            .collect();
+        let (topic, timeout) = (self.cfg.dlq_topic.clone(), self.cfg.request_timeout);
+        let (letters, next) = blocking("dead letters", move || {
+            let mut letters = Vec::new();
+            for (p, lo, hi) in marks {
+                let start = match p as u32 {
+                    q if q < from.0 => continue,
+                    q if q == from.0 => (from.1 as i64).max(lo),
+                    _ => lo,
+                };
+                if start >= hi {
+                    continue;
+                }
+                if letters.len() == limit {
+                    return Ok((letters, Some((p as u32, start as u64))));
+                }
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(&topic, p, Offset::Offset(start))?;
+                consumer.assign(&tpl)?;
+                let mut at = start;
+                while at < hi {
+                    if letters.len() == limit {
+                        return Ok((letters, Some((p as u32, at as u64))));
+                    }
+                    let m = match consumer.poll(timeout) {
+                        Some(m) => m?,
+                        None => {
+                            return Err(KafkaError::MessageConsumption(RDKafkaErrorCode::RequestTimedOut))
+                        }
+                    };
+                    at = m.offset() + 1;
+                    letters.push(dead_letter_of(&m));
+                }
+            }
+            Ok((letters, None))
+        })
+        .await?;
+        Ok(DeadLetterPage {
+            letters,
+            total,
+            next,
+            ends,
+        })
+    }
+
+    async fn purge_dead_letters(&self, before: &[(u32, u64)]) -> PortResult<u64> {
+        let (admin, opts) = self.admin()?;
+        let mut tpl = TopicPartitionList::new();
+        for &(p, o) in before {
+            tpl.add_partition_offset(&self.cfg.dlq_topic, p as i32, Offset::Offset(o as i64))
+                .map_err(|e| kafka_err("purge dead letters", e))?;
+        }
+        let consumer: Arc<BaseConsumer> = Arc::new(
+            client_config(&self.cfg)
+                .create()
+                .map_err(|e| kafka_err("purge dead letters", e))?,
+        );
+        let marks = self.watermarks(consumer, &self.cfg.dlq_topic).await?;
+        let was: std::collections::BTreeMap<i32, i64> = marks.into_iter().map(|(p, lo, _)| (p, lo)).collect();
+        let done = admin
+            .delete_records(&tpl, &opts)
+            .await
+            .map_err(|e| kafka_err("purge dead letters", e))?;
+        let mut purged = 0;
+        for e in done.elements() {
+            e.error().map_err(|e| kafka_err("purge dead letters", e))?;
+            if let Offset::Offset(now) = e.offset() {
+                purged += (now - was.get(&e.partition()).copied().unwrap_or(now)).max(0) as u64;
+            }
+        }
+        Ok(purged)
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<KafkaSource> {
@@ -425,6 +519,27 @@ pub struct KafkaSource {
     consumer: Arc<StreamConsumer>,
     /// Records received while waiting for the first assignment, handed out by the next poll.
     early: Vec<Delivery>,
+}
+
+/// A dead letter as `dead_letter` wrote it: the reason and the origin in its headers.
+fn dead_letter_of(m: &rdkafka::message::BorrowedMessage<'_>) -> DeadLetter {
+    use rdkafka::message::Headers;
+    let header = |name: &str| {
+        m.headers()
+            .and_then(|h| h.iter().find(|h| h.key == name))
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default()
+    };
+    let d = delivery_of(m);
+    DeadLetter {
+        partition: d.partition,
+        offset: d.offset,
+        origin: header("origin"),
+        key: d.key,
+        payload: d.payload,
+        reason: header("reason"),
+    }
 }
 
 fn delivery_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Delivery {

@@ -66,6 +66,50 @@ enum AdminCommand {
         /// The reservation id (32 lowercase hex digits), as `order` shows it.
         reservation: String,
     },
+    /// The dead-letter topic: records the order consumer could not apply, and why.
+    #[command(subcommand, name = "dead-letters", visible_alias = "dlq")]
+    DeadLetters(DeadLetterCommand),
+}
+
+#[derive(clap::Subcommand)]
+enum DeadLetterCommand {
+    /// The dead letters, oldest first, with their reasons.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        limit: u64,
+    },
+    /// One dead letter in full.
+    Show {
+        /// PARTITION/OFFSET, as `list` shows it.
+        #[arg(value_parser = position)]
+        at: (u32, u64),
+    },
+    /// Publish one dead letter, or every one, to the order topic again. A reservation the ledger
+    /// holds already is left alone, so a replay may be run again; the letters stay until purged.
+    Replay {
+        /// PARTITION/OFFSET, as `list` shows it.
+        #[arg(value_parser = position, required_unless_present = "all", conflicts_with = "all")]
+        at: Option<(u32, u64)>,
+        /// Every dead letter the topic holds now.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete every dead letter the topic holds now (any that arrive meanwhile stay). Asks for
+    /// confirmation on a terminal.
+    Purge {
+        /// Do not ask (a script's confirmation).
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// `PARTITION/OFFSET` of a dead letter.
+fn position(s: &str) -> Result<(u32, u64), String> {
+    let bad =
+        || format!("expected PARTITION/OFFSET (two whole numbers, as `dead-letters list` shows), got {s:?}");
+    let (p, o) = s.split_once('/').ok_or_else(bad)?;
+    Ok((p.parse().map_err(|_| bad())?, o.parse().map_err(|_| bad())?))
 }
 
 #[derive(clap::Args)]
@@ -153,6 +197,33 @@ fn call_of(command: &AdminCommand) -> Result<(&'static str, String, String), Str
             let id: ReservationId = reservation.parse().map_err(|e| format!("reservation: {e}"))?;
             ("POST", format!("/api/v1/admin/orders/{id}/cancel"), String::new())
         }
+        AdminCommand::DeadLetters(c) => match c {
+            DeadLetterCommand::List { limit } => (
+                "GET",
+                format!("/api/v1/admin/dead-letters?limit={limit}"),
+                String::new(),
+            ),
+            DeadLetterCommand::Show { at: (p, o) } => (
+                "GET",
+                format!("/api/v1/admin/dead-letters/{p}/{o}"),
+                String::new(),
+            ),
+            DeadLetterCommand::Replay { at, .. } => {
+                let body = match at {
+                    Some((p, o)) => serde_json::json!({ "partition": p, "offset": o }),
+                    None => serde_json::json!({ "all": true }),
+                };
+                (
+                    "POST",
+                    "/api/v1/admin/dead-letters/replay".into(),
+                    body.to_string(),
+                )
+            }
+            // What there is to purge first; the purge itself follows the confirmation.
+            DeadLetterCommand::Purge { .. } => {
+                ("GET", "/api/v1/admin/dead-letters?limit=1".into(), String::new())
+            }
+        },
     })
 }
 
@@ -239,6 +310,70 @@ fn activity_table(body: &str) -> Option<String> {
     Some(out)
 }
 
+/// `dead-letters list`'s answer, one letter a line.
+fn dead_letters_table(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let letters = v["dead_letters"].as_array()?;
+    let mut out = format!("{} of {} dead letters", letters.len(), v["total"]);
+    if let Some(next) = v["next"].as_object() {
+        out += &format!(" (more from {}/{})", next.get("partition")?, next.get("offset")?);
+    }
+    for d in letters {
+        out += &format!(
+            "\n{:>12}  {}  key {}  {}",
+            format!("{}/{}", d["partition"], d["offset"]),
+            d["origin"].as_str()?,
+            d["key"].as_str()?,
+            d["reason"].as_str()?
+        );
+    }
+    Some(out)
+}
+
+/// `dead-letters replay`'s answer: the counts, then each letter's outcome.
+fn replay_table(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let mut out = format!(
+        "replayed {}, already orders {}, undecodable {}",
+        v["replayed"], v["already_orders"], v["undecodable"]
+    );
+    for d in v["letters"].as_array()? {
+        out += &format!(
+            "\n{:>12}  {}",
+            format!("{}/{}", d["partition"], d["offset"]),
+            d["outcome"].as_str()?
+        );
+        if !d["detail"].is_null() {
+            out += &format!(" ({})", d["detail"].as_str().unwrap_or(&d["detail"].to_string()));
+        }
+    }
+    Some(out)
+}
+
+/// Whether the operator confirms purging `total` dead letters: `--yes`, or "yes" typed on a
+/// terminal; without either the purge is not made.
+fn confirm_purge(total: u64, yes: bool) -> Result<(), String> {
+    use std::io::{IsTerminal, Write};
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(format!(
+            "purge: {total} dead letters would be deleted; confirm with --yes (no terminal to ask on)"
+        ));
+    }
+    eprint!("delete {total} dead letters for good? type yes: ");
+    std::io::stderr().flush().ok();
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| format!("standard input: {e}"))?;
+    match answer.trim() {
+        "yes" => Ok(()),
+        _ => Err("purge: not confirmed; nothing deleted".into()),
+    }
+}
+
 /// The server's reason for a refusal: its error's code, the field it names and its message.
 fn refusal(body: &str) -> String {
     let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
@@ -271,6 +406,10 @@ pub fn run(args: AdminArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    let purge = match &args.command {
+        AdminCommand::DeadLetters(DeadLetterCommand::Purge { yes }) => Some(*yes),
+        _ => None,
+    };
     let answer = runtime.block_on(async {
         let to = tokio::net::lookup_host(&addr)
             .await
@@ -278,11 +417,27 @@ pub fn run(args: AdminArgs) -> ExitCode {
             .and_then(|mut a| a.next())
             .ok_or_else(|| format!("--url {url:?}: cannot resolve {addr}"))?;
         let mut conn = Conn::new(to);
-        let status = (conn.request(method, &path, &token, &body).await)
-            .map_err(|e| format!("{method} {path} on {url}: {e}"))?;
-        Ok::<_, String>((status, String::from_utf8_lossy(&conn.body).into_owned()))
+        let mut call = async |method: &str, path: &str, body: &str| {
+            let status = (conn.request(method, path, &token, body).await)
+                .map_err(|e| format!("{method} {path} on {url}: {e}"))?;
+            let body = String::from_utf8_lossy(&conn.body).into_owned();
+            Ok::<_, String>((format!("{method} {path}"), status, body))
+        };
+        let (called, status, listed) = call(method, &path, &body).await?;
+        let Some(yes) = purge.filter(|_| (200..300).contains(&status)) else {
+            return Ok((called, status, listed));
+        };
+        // A purge: what the listing counted, confirmed, then deleted below its ends.
+        let listed: serde_json::Value = serde_json::from_str(&listed).map_err(|e| format!("{path}: {e}"))?;
+        let total = listed["total"].as_u64().unwrap_or(0);
+        if total == 0 {
+            return Ok((called, status, r#"{"purged":0}"#.to_string()));
+        }
+        confirm_purge(total, yes)?;
+        let before = serde_json::json!({ "before": listed["purge_before"] }).to_string();
+        call("POST", "/api/v1/admin/dead-letters/purge", &before).await
     });
-    let (status, body) = match answer {
+    let (called, status, body) = match answer {
         Ok(a) => a,
         Err(e) => return usage(e),
     };
@@ -296,11 +451,13 @@ pub fn run(args: AdminArgs) -> ExitCode {
             let table = match args.command {
                 AdminCommand::List => activities_table(&body),
                 AdminCommand::Show(_) => activity_table(&body),
+                AdminCommand::DeadLetters(DeadLetterCommand::List { .. }) => dead_letters_table(&body),
+                AdminCommand::DeadLetters(DeadLetterCommand::Replay { .. }) => replay_table(&body),
                 _ => None,
             };
             println!("{}", table.unwrap_or_else(|| human(&body)))
         }
-        (false, true) => eprintln!("error: {method} {path}: {status} {}", refusal(&body)),
+        (false, true) => eprintln!("error: {called}: {status} {}", refusal(&body)),
     }
     if refused || violated {
         ExitCode::from(1)

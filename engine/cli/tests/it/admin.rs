@@ -1,7 +1,7 @@
 //! `seckill admin` against a running server's admin listener, as an operator's script runs it:
 //! each call's answer and exit code (0 done, 1 refused by the server, 2 not sent).
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const TOKEN: &str = crate::support::ADMIN_TOKEN;
 
@@ -154,4 +154,162 @@ async fn admin_runs_the_operators_calls_with_exit_codes_a_script_can_use() {
 
     let _ = std::fs::remove_dir_all(&dir);
     running.shutdown().await.unwrap();
+}
+
+/// A record the order consumer could not apply — here a buyer's reservation that a worker of
+/// another engine version could not read during a rolling upgrade, and a malformed record — is
+/// listed with its reason and shown; a replay turns the reservation into its order once (a second
+/// replay publishes nothing) and says the malformed one still does not decode; a purge asks for
+/// its confirmation, then empties the topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_listed_replayed_into_their_order_once_and_purged() {
+    use crate::http_sale::http;
+    use seckill_core::domain::{ActivityId, UserId};
+    use seckill_core::ports::{Ledger, OrderBus, OrderSource};
+    use seckill_core::roles::Roles;
+    use seckill_core::service::consumer::ORDER_GROUP;
+    let secret = "d".repeat(32);
+    let stores = seckill_core::adapters::embedded::EmbeddedBackend::new();
+    // The buyers' side alone: no worker yet, and no jobs (whose reconciler would republish the
+    // open reservation by itself after two seconds).
+    let api_only = Roles {
+        api: true,
+        worker: false,
+        jobs: false,
+    };
+    let front = crate::support::server_on(&stores, api_only, &secret, 11, Some((8, 10, 2))).await;
+    let url = format!("http://{}", front.admin_addr);
+    let call = |args: &[&str]| {
+        let args: Vec<String> = ["--url", url.as_str()]
+            .iter()
+            .chain(args)
+            .map(|s| s.to_string())
+            .collect();
+        admin(Some(TOKEN), args)
+    };
+    let me = crate::support::user_jwt(&secret, 5);
+    let (s, t) = http(front.addr, "POST", "/api/v1/activities/8/token", None, &me).await;
+    assert_eq!(s, 200, "{t}");
+    let buy = serde_json::json!({ "token": t["token"] });
+    let (s, q) = http(
+        front.addr,
+        "POST",
+        "/api/v1/activities/8/purchase",
+        Some(&buy),
+        &me,
+    )
+    .await;
+    assert_eq!(s, 202, "{q}");
+    let rid = q["reservation_id"].as_str().unwrap().to_string();
+
+    // A worker of another version takes the record, cannot read it, dead-letters it, moves on.
+    let mut old = stores.bus.subscribe(ORDER_GROUP).await.unwrap();
+    let got = old.poll(10).await.unwrap();
+    assert_eq!(got.len(), 1);
+    old.dead_letter(&got[0], "unknown variant `v9` (a worker of engine 0.9)")
+        .await
+        .unwrap();
+    old.commit(&got).await.unwrap();
+    drop(old);
+    // This version's worker, and a record nobody can read.
+    let worker = Roles {
+        api: false,
+        worker: true,
+        jobs: false,
+    };
+    let back = crate::support::server_on(&stores, worker, &secret, 12, None).await;
+    stores.bus.publish_raw("8.0", b"{not json").await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stores.bus.all_dead_letters().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the malformed record is dead-lettered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    let (code, out, err) = call(&["dead-letters", "list"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "2 of 2 dead letters", "{out}");
+    assert!(lines[1].trim_start().starts_with("0/0  orders/"), "{out}");
+    assert!(
+        lines[1].ends_with("unknown variant `v9` (a worker of engine 0.9)"),
+        "{out}"
+    );
+    assert!(lines[2].contains("malformed order event"), "{out}");
+    let (code, out, err) = call(&["--json", "dlq", "show", "0/0"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["reservation"]["id"], rid.as_str(), "{out}");
+    let (code, _, err) = call(&["dead-letters", "show", "0/9"]).await;
+    assert_eq!((code, err.contains("404")), (Some(1), true), "{err}");
+    let (code, _, err) = call(&["dead-letters", "show", "zero"]).await;
+    assert_eq!((code, err.contains("PARTITION/OFFSET")), (Some(2), true), "{err}");
+
+    let (code, out, err) = call(&["--json", "dead-letters", "replay", "--all"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let replayed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (
+            &replayed["replayed"],
+            &replayed["already_orders"],
+            &replayed["undecodable"]
+        ),
+        (&json!(1), &json!(0), &json!(1)),
+        "{out}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let order = loop {
+        if let Some(o) = stores.ledger.order_of(ActivityId(8), UserId(5)).await.unwrap() {
+            break o;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replayed reservation becomes an order"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(order.reservation.id.to_string(), rid);
+    // The buyer sees it as their order.
+    let (s, mine) = http(front.addr, "GET", "/api/v1/activities/8/orders/5", None, &me).await;
+    assert_eq!(
+        (s, mine["reservation_id"].as_str()),
+        (200, Some(rid.as_str())),
+        "{mine}"
+    );
+    // Again: the ledger holds it, nothing is published.
+    let (code, out, err) = call(&["dead-letters", "replay", "0/0"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with("replayed 0, already orders 1, undecodable 0\n"),
+        "{out}"
+    );
+    assert_eq!(
+        stores.ledger.snapshot(ActivityId(8)).await.unwrap().orders.len(),
+        1,
+        "one order"
+    );
+    let (code, out, err) = call(&["audit", "8"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+
+    // A purge is confirmed (no terminal here: only by --yes), then empties the topic.
+    let (code, _, err) = call(&["dead-letters", "purge"]).await;
+    assert_eq!(
+        (code, err.contains("2 dead letters would be deleted")),
+        (Some(2), true),
+        "{err}"
+    );
+    assert_eq!(
+        stores.bus.all_dead_letters().len(),
+        2,
+        "nothing deleted unconfirmed"
+    );
+    let (code, out, err) = call(&["dead-letters", "purge", "--yes"]).await;
+    assert_eq!((code, out.trim()), (Some(0), "purged: 2"), "{err}");
+    let (code, out, _) = call(&["dead-letters", "list"]).await;
+    assert_eq!((code, out.trim()), (Some(0), "0 of 0 dead letters"));
+
+    back.shutdown().await.unwrap();
+    front.shutdown().await.unwrap();
 }

@@ -962,6 +962,16 @@ async fn bad_inputs_get_their_status_and_code_and_move_no_stock() {
         ("admin: invalid activity", ("POST", "/api/v1/admin/activities".into(), r#"{"id": 1, "total_stock": 10, "buckets": 0, "fallback_pct": 0, "start_ms": 0, "end_ms": 1, "pay_timeout_ms": 1}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "buckets"),
         ("admin: a plan change", ("POST", "/api/v1/admin/activities".into(), r#"{"id": 1, "total_stock": 11, "buckets": 2, "fallback_pct": 0, "start_ms": 0, "end_ms": 1, "pay_timeout_ms": 1}"#.into(), vec![AUTH]), StatusCode::CONFLICT, "activity_exists", "id"),
         ("admin: unknown field", ("POST", "/api/v1/admin/activities".into(), r#"{"id": 1, "stock": 10}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "stock"),
+        ("dead letters: limit zero", ("GET", "/api/v1/admin/dead-letters?limit=0".into(), String::new(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "limit"),
+        ("dead letters: unknown parameter", ("GET", "/api/v1/admin/dead-letters?page=2".into(), String::new(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "query"),
+        ("dead letter: offset not a number", ("GET", "/api/v1/admin/dead-letters/0/x".into(), String::new(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "offset"),
+        ("dead letter: none there", ("GET", "/api/v1/admin/dead-letters/0/7".into(), String::new(), vec![AUTH]), StatusCode::NOT_FOUND, "unknown_dead_letter", "offset"),
+        ("replay: neither all nor a letter", ("POST", "/api/v1/admin/dead-letters/replay".into(), "{}".into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "partition"),
+        ("replay: all and a letter", ("POST", "/api/v1/admin/dead-letters/replay".into(), r#"{"all": true, "partition": 0, "offset": 1}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "all"),
+        ("replay: offset missing", ("POST", "/api/v1/admin/dead-letters/replay".into(), r#"{"partition": 0}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "offset"),
+        ("purge: no position", ("POST", "/api/v1/admin/dead-letters/purge".into(), r#"{"before": []}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "before"),
+        ("purge: offset past Kafka's", ("POST", "/api/v1/admin/dead-letters/purge".into(), r#"{"before": [{"partition": 0, "offset": 1}, {"partition": 1, "offset": 9223372036854775808}]}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "before[1].offset"),
+        ("purge: offset negative", ("POST", "/api/v1/admin/dead-letters/purge".into(), r#"{"before": [{"partition": 0, "offset": -1}]}"#.into(), vec![AUTH]), StatusCode::BAD_REQUEST, "invalid_input", "before[0].offset"),
     ];
     for (name, (method, uri, body, headers), status, want_code, field) in cases {
         let body = (!body.is_empty()).then_some(body.as_str());
@@ -1232,6 +1242,23 @@ async fn authorization_matrix_every_route_times_every_identity() {
             "/api/v1/admin/orders/{rid}/cancel",
             Expect::AdminOnly { ok: 200 },
         ),
+        ("GET", "/api/v1/admin/dead-letters", Expect::AdminOnly { ok: 200 }),
+        // None there (the sale above dead-letters nothing): the admin learns so, no one else.
+        (
+            "GET",
+            "/api/v1/admin/dead-letters/0/0",
+            Expect::AdminOnly { ok: 404 },
+        ),
+        (
+            "POST",
+            "/api/v1/admin/dead-letters/replay",
+            Expect::AdminOnly { ok: 200 },
+        ),
+        (
+            "POST",
+            "/api/v1/admin/dead-letters/purge",
+            Expect::AdminOnly { ok: 200 },
+        ),
         ("GET", "/metrics", Expect::SameForAll),
         ("GET", "/readyz", Expect::SameForAll),
     ];
@@ -1246,7 +1273,8 @@ async fn authorization_matrix_every_route_times_every_identity() {
             let template = p
                 .replace("activities/1", "activities/{id}")
                 .replace("orders/7", "orders/{user}")
-                .replace("{rid}", "{reservation}");
+                .replace("{rid}", "{reservation}")
+                .replace("dead-letters/0/0", "dead-letters/{partition}/{offset}");
             format!("{m} {template}")
         })
         .collect();
@@ -1268,6 +1296,10 @@ async fn authorization_matrix_every_route_times_every_identity() {
                 json!({ "token": token }).to_string()
             } else if path.ends_with("/callback") {
                 json!({ "payment_id": "pay-1", "reservation_id": rid, "amount_minor": PRICE }).to_string()
+            } else if path.ends_with("/replay") {
+                json!({ "all": true }).to_string()
+            } else if path.ends_with("/purge") {
+                json!({ "before": [{ "partition": 0, "offset": 0 }] }).to_string()
             } else if path.ends_with("/admin/activities") {
                 json!({
                     "id": 2, "total_stock": 5, "buckets": 1, "fallback_pct": 0,

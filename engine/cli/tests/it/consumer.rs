@@ -17,7 +17,7 @@ async fn malformed_messages_go_to_the_dead_letters_and_do_not_block() {
         panic!()
     };
     rig.drain().await;
-    let dead = rig.bus.inner.dead_letters();
+    let dead = rig.bus.inner.all_dead_letters();
     assert_eq!(dead.len(), 1);
     assert!(dead[0].reason.contains("reservation_id"), "{}", dead[0].reason);
     assert_eq!(

@@ -26,7 +26,7 @@ fn jwt(user: u64) -> String {
 }
 
 /// One HTTP/1.1 request on its own connection, with `bearer` (empty: none); (status, JSON body).
-async fn http(
+pub(crate) async fn http(
     addr: SocketAddr,
     method: &str,
     path: &str,

@@ -5,7 +5,7 @@
 use seckill_core::adapters::embedded::{EmbeddedBus, EmbeddedRedis};
 use seckill_core::adapters::script::{Reply, ScriptConn, ScriptedStockCache};
 use seckill_core::domain::Reservation;
-use seckill_core::ports::{OrderBus, PortError, PortResult};
+use seckill_core::ports::{DeadLetterPage, OrderBus, PortError, PortResult};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -129,6 +129,14 @@ impl OrderBus for TestBus {
         self.inner.lag(group).await
     }
 
+    async fn dead_letters(&self, from: (u32, u64), limit: usize) -> PortResult<DeadLetterPage> {
+        self.inner.dead_letters(from, limit).await
+    }
+
+    async fn purge_dead_letters(&self, before: &[(u32, u64)]) -> PortResult<u64> {
+        self.inner.purge_dead_letters(before).await
+    }
+
     async fn subscribe(&self, group: &str) -> PortResult<Self::Source> {
         self.inner.subscribe(group).await
     }
@@ -167,11 +175,25 @@ pub async fn embedded_server(
     seed: u64,
     sale: Option<(u64, u64, u32)>,
 ) -> seckill_api::serve::Running {
+    let stores = seckill_core::adapters::embedded::EmbeddedBackend::new();
+    let roles = seckill_core::roles::Roles::ALL;
+    server_on(&stores, roles, jwt_secret, seed, sale).await
+}
+
+/// [`embedded_server`] on `stores` (which other servers may share) running `roles`.
+pub async fn server_on(
+    stores: &seckill_core::adapters::embedded::EmbeddedBackend,
+    roles: seckill_core::roles::Roles,
+    jwt_secret: &str,
+    seed: u64,
+    sale: Option<(u64, u64, u32)>,
+) -> seckill_api::serve::Running {
     use rand::SeedableRng;
     use seckill_api::config::{JwtKeys, RateLimits, ServeConfig};
     use seckill_api::serve::{self, Secrets, Stores};
     use seckill_core::domain::{Activity, ActivityId, ActivitySpec};
     let cfg = ServeConfig {
+        roles,
         admin_token: Some(ADMIN_TOKEN.into()),
         token_secret: Some("k".repeat(32).into()),
         jwt: Some(JwtKeys::Secret(jwt_secret.to_string().into())),
@@ -188,7 +210,14 @@ pub async fn embedded_server(
         .unwrap()
         .as_millis() as u64;
     let clock = seckill_core::clock::Clock::new(now, tokio::time::Instant::now());
-    let api = serve::api(&cfg, Stores::embedded(), &secrets, clock, &mut rng).unwrap();
+    let stores = Stores {
+        cache: stores.cache.clone(),
+        bus: stores.bus.clone(),
+        ledger: stores.ledger.clone(),
+        nonces: seckill_api::nonce::EmbeddedNonces::default(),
+        limiter: None,
+    };
+    let api = serve::api(&cfg, stores, &secrets, clock, &mut rng).unwrap();
     if let Some((id, stock, buckets)) = sale {
         let activity = Activity::new(ActivitySpec {
             id: ActivityId(id),

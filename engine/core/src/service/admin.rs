@@ -2,9 +2,11 @@
 //! routes, the CLI and the simulation alike. Each acts for every process: it writes the registry
 //! (MySQL) and the gates (Redis), and returns only after both.
 
-use crate::domain::{Activity, ActivityId, ActivityState, StockPlan};
+use crate::domain::{Activity, ActivityId, ActivityState, Reservation, StockPlan};
 use crate::jobs::{self, RecoveryConfig, RecoveryReport};
-use crate::ports::{GateWrite, Intent, Ledger, OrderBus, PortError, StockCache, WarmupReport};
+use crate::ports::{
+    DeadLetter, GateWrite, Intent, Ledger, OrderBus, OrderStatus, PortError, StockCache, WarmupReport,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AdminError {
@@ -165,4 +167,35 @@ async fn warm<C: StockCache, L: Ledger, B: OrderBus>(
             ms_left: busy.ms_left,
         }),
     }
+}
+
+/// What a replay did with one dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replayed {
+    /// Published to the order topic again (the ledger dedupes it by reservation id and fences it
+    /// by generation, as it does every republish).
+    Published,
+    /// The reservation is an order already (of this status): nothing was published.
+    AlreadyAnOrder(OrderStatus),
+    /// The record still does not decode (replaying it would only dead-letter it again).
+    DoesNotDecode(String),
+}
+
+/// Replay one dead letter: publish its reservation to the order topic again, unless the ledger
+/// holds it already. Safe at any time and any number of times — a record the reconciler could
+/// republish is no different — because the ledger applies a reservation id once.
+pub async fn replay<B: OrderBus, L: Ledger>(
+    bus: &B,
+    ledger: &L,
+    letter: &DeadLetter,
+) -> Result<Replayed, AdminError> {
+    let r = match Reservation::decode(&letter.payload) {
+        Ok(r) => r,
+        Err(e) => return Ok(Replayed::DoesNotDecode(e.to_string())),
+    };
+    if let Some(order) = ledger.order(r.id).await? {
+        return Ok(Replayed::AlreadyAnOrder(order.status));
+    }
+    bus.publish(&r).await?;
+    Ok(Replayed::Published)
 }

@@ -7,6 +7,7 @@
 
 mod bump;
 mod conformance;
+mod dead_letters;
 mod differential;
 mod e2e;
 mod limits;

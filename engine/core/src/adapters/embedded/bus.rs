@@ -1,7 +1,8 @@
 //! An in-process order bus with Kafka's delivery semantics, for the embedded backend and tests:
 //! keyed partitions (one key always lands on one partition, in order), one consumer group whose
 //! members split the partitions, at-least-once delivery (a record polled but not committed is
-//! delivered again after a rewind or when its consumer goes away), and a dead-letter list.
+//! delivered again after a rewind or when its consumer goes away), and a dead-letter topic of one
+//! partition.
 //!
 //! Bounded: at most `capacity` records may wait uncommitted across all partitions; beyond that
 //! `publish` fails determinately (like a full producer queue), so a stalled consumer turns into
@@ -11,7 +12,7 @@
 //! consumers waiting in `poll`.
 
 use crate::domain::Reservation;
-use crate::ports::{Delivery, OrderBus, OrderSource, PortError, PortResult};
+use crate::ports::{DeadLetter, DeadLetterPage, Delivery, OrderBus, OrderSource, PortError, PortResult};
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -62,7 +63,9 @@ struct BusState {
     generation: u64,
     next_member: u64,
     group: Option<String>,
-    dead_letters: Vec<DeadLetter>,
+    /// The dead-letter topic's one partition; offsets count from 0 and survive a purge.
+    dead_letters: VecDeque<DeadLetter>,
+    dead_letter_end: u64,
 }
 
 struct PartitionLog {
@@ -75,16 +78,6 @@ impl PartitionLog {
     fn end(&self) -> u64 {
         self.base + self.records.len() as u64
     }
-}
-
-/// A message that could not be applied, with the reason (Kafka: the DLQ topic plus a header).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    pub partition: u32,
-    pub offset: u64,
-    pub key: String,
-    pub payload: Vec<u8>,
-    pub reason: String,
 }
 
 /// FNV-1a of the key: stable across processes, so a key's partition never moves.
@@ -131,7 +124,8 @@ impl EmbeddedBus {
                     generation: 0,
                     next_member: 0,
                     group: None,
-                    dead_letters: Vec::new(),
+                    dead_letters: VecDeque::new(),
+                    dead_letter_end: 0,
                 }),
                 notify: Notify::new(),
                 capacity,
@@ -155,8 +149,9 @@ impl EmbeddedBus {
             .sum()
     }
 
-    pub fn dead_letters(&self) -> Vec<DeadLetter> {
-        self.lock().dead_letters.clone()
+    /// The dead-letter topic as it stands.
+    pub fn all_dead_letters(&self) -> Vec<DeadLetter> {
+        self.lock().dead_letters.iter().cloned().collect()
     }
 
     fn append(&self, key: &str, payload: &[u8]) -> PortResult<()> {
@@ -196,6 +191,35 @@ impl OrderBus for EmbeddedBus {
 
     async fn lag(&self, _group: &str) -> PortResult<u64> {
         Ok(self.backlog())
+    }
+
+    async fn dead_letters(&self, from: (u32, u64), limit: usize) -> PortResult<DeadLetterPage> {
+        let st = self.lock();
+        let total = st.dead_letters.len() as u64;
+        let mut rest = (st.dead_letters.iter()).filter(|d| from.0 == 0 && d.offset >= from.1);
+        let letters: Vec<DeadLetter> = rest.by_ref().take(limit).cloned().collect();
+        let next = rest.next().map(|d| (0, d.offset));
+        Ok(DeadLetterPage {
+            letters,
+            total,
+            next,
+            ends: vec![(0, st.dead_letter_end)],
+        })
+    }
+
+    async fn purge_dead_letters(&self, before: &[(u32, u64)]) -> PortResult<u64> {
+        let mut st = self.lock();
+        let below = before.iter().filter(|(p, _)| *p == 0).map(|&(_, o)| o).max();
+        let mut purged = 0;
+        while st
+            .dead_letters
+            .front()
+            .is_some_and(|d| below.is_some_and(|b| d.offset < b))
+        {
+            st.dead_letters.pop_front();
+            purged += 1;
+        }
+        Ok(purged)
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<EmbeddedConsumer> {
@@ -361,9 +385,12 @@ impl OrderSource for EmbeddedConsumer {
         if st.dead_letters.len() >= self.bus.shared.capacity {
             return Err(PortError::determinate("dead letter", "dead-letter list full"));
         }
-        st.dead_letters.push(DeadLetter {
-            partition: d.partition,
-            offset: d.offset,
+        let offset = st.dead_letter_end;
+        st.dead_letter_end += 1;
+        st.dead_letters.push_back(DeadLetter {
+            partition: 0,
+            offset,
+            origin: format!("orders/{}@{}", d.partition, d.offset),
             key: d.key.clone(),
             payload: d.payload.clone(),
             reason: reason.to_string(),
