@@ -1373,8 +1373,18 @@ async fn admin_purge<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
 // Operations
 
 async fn metrics_text<C, B, L, N>(State(api): State<Shared<C, B, L, N>>) -> Response {
+    // The process's CPU, memory, open files and threads, read at each scrape.
+    static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
     match &api.metrics {
-        Some(h) => ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response(),
+        Some(h) => {
+            let process = PROCESS.get_or_init(|| {
+                let c = metrics_process::Collector::default();
+                c.describe();
+                c
+            });
+            process.collect();
+            ([("content-type", "text/plain; version=0.0.4")], h.render()).into_response()
+        }
         None => ApiError::unavailable("metrics are not recorded in this process").into_response(),
     }
 }

@@ -85,6 +85,11 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
 /// (Per-activity series start with the jobs' first pass over the activity.)
 fn export_at_zero(roles: seckill_core::roles::Roles) {
     super::routes::export_at_zero();
+    // Which build runs where (the revision when the build was given one: `SECKILL_REVISION`).
+    let revision = option_env!("SECKILL_REVISION").unwrap_or("unknown");
+    metrics::gauge!("seckill_build_info", "version" => env!("CARGO_PKG_VERSION"), "revision" => revision,
+        "roles" => roles.to_string())
+    .set(1.0);
     metrics::counter!("seckill_http_connections_refused_total").increment(0);
     metrics::counter!("seckill_refresh_errors_total").increment(0);
     metrics::counter!("seckill_jwks_reload_failures_total").increment(0);

@@ -313,3 +313,31 @@ async fn dead_letters_are_listed_replayed_into_their_order_once_and_purged() {
     back.shutdown().await.unwrap();
     front.shutdown().await.unwrap();
 }
+
+/// The admin listener's metrics name the build and the roles it runs, and the process's CPU,
+/// memory and open files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_name_the_build_and_the_process() {
+    let running = crate::support::embedded_server(&"m".repeat(32), 13, None).await;
+    let mut stream = tokio::net::TcpStream::connect(running.admin_addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let build = format!(
+        "seckill_build_info{{version=\"{}\",revision=\"unknown\",roles=\"api,worker,jobs\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(text.lines().any(|l| l == build), "{build}: {text}");
+    for process in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(process)), "{process}: {text}");
+    }
+    running.shutdown().await.unwrap();
+}

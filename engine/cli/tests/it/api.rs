@@ -1074,6 +1074,21 @@ async fn health_and_metrics() {
         "latencies are histograms (they add up across processes): {text}"
     );
     assert!(text.contains("seckill_store_up{store=\"redis\"}"), "{text}");
+    for process in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_threads",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(process))
+            .unwrap_or_else(|| panic!("{process}: {text}"));
+        let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        // (Whole CPU seconds: a test may not have spent one yet.)
+        assert!(v > 0.0 || process == "process_cpu_seconds_total", "{line}");
+    }
 }
 
 #[tokio::test]
