@@ -74,6 +74,18 @@ synopses=$(for f in README.md docs/usage.md; do awk '/^```/ { inb = !inb; next }
   /^seckill [a-z]+ / { cmd = $2 } /^seckill [a-z]+ / || (/^ +\[--/ && cmd) { print cmd " " $0; next } { cmd = "" }')
 for cmd in $(awk '{print $1}' <<< "$synopses" | sort -u); do
   help=$(seckill "$cmd" --help) || fail "seckill $cmd --help exited $?"
+  # The flags of its subcommands too (`seckill admin dead-letters replay --help`): every word a
+  # synopsis names that is a subcommand, and the subcommands of those.
+  words=$(grep "^$cmd " <<< "$synopses" | cut -d' ' -f2- | sed 's/\[[^]]*\]//g' \
+    | grep -oE '(^|[ |])[a-z][a-z-]+' | tr -d ' |' | grep -vxE "seckill|$cmd" | sort -u || true)
+  for sub in $words; do
+    sub_help=$(seckill "$cmd" "$sub" --help 2>/dev/null) || continue
+    help+=$'\n'"$sub_help"
+    grep -q '^Commands:' <<< "$sub_help" || continue
+    for subsub in $words; do
+      help+=$'\n'"$(seckill "$cmd" "$sub" "$subsub" --help 2>/dev/null || true)"
+    done
+  done
   for flag in $(grep "^$cmd " <<< "$synopses" | grep -oE -- '--[a-z][a-z-]*' | sort -u); do
     grep -qE -- "$flag( |,|$)" <<< "$help" || fail "seckill $cmd --help does not list $flag (the README's synopsis does)"
   done

@@ -210,18 +210,29 @@ impl Identity {
         if (data.claims.nbf).is_some_and(|nbf| nbf.saturating_sub(LEEWAY_S).saturating_mul(1_000) > now_ms) {
             return Err(invalid("the token is not valid yet (\"nbf\")"));
         }
-        let sub = &data.claims.sub;
-        let user = (!sub.is_empty() && sub.len() <= 19 && sub.bytes().all(|c| c.is_ascii_digit()))
-            .then(|| sub.parse::<u64>().ok())
-            .flatten()
-            .filter(|u| (1..=i64::MAX as u64).contains(u))
-            .ok_or_else(|| {
-                invalid(format!(
-                    "\"sub\" must be a user id (a positive integer), got {sub:?}"
-                ))
-            })?;
-        Ok(Caller(UserId(user)))
+        user_of(&data.claims.sub).map(Caller).map_err(invalid)
     }
+}
+
+/// The user a `sub` claim names: a decimal user id.
+fn user_of(sub: &str) -> Result<UserId, String> {
+    (!sub.is_empty() && sub.len() <= 19 && sub.bytes().all(|c| c.is_ascii_digit()))
+        .then(|| sub.parse::<u64>().ok())
+        .flatten()
+        .filter(|u| (1..=i64::MAX as u64).contains(u))
+        .map(UserId)
+        .ok_or_else(|| format!("\"sub\" must be a user id (a positive integer), got {sub:?}"))
+}
+
+/// The user a JWT names, read without checking its signature or times — for a client holding
+/// tokens the login service issued (`seckill load --jwts-file`), never to let anyone in.
+pub fn subject_unverified(token: &str) -> Result<UserId, String> {
+    #[derive(serde::Deserialize)]
+    struct Subject {
+        sub: String,
+    }
+    let data = jsonwebtoken::dangerous::insecure_decode::<Subject>(token).map_err(|e| e.to_string())?;
+    user_of(&data.claims.sub)
 }
 
 /// An HS256 user JWT, as a login service would issue it (`seckill jwt`, `load`, `demo`, tests).

@@ -24,6 +24,9 @@ pub struct AdminArgs {
     /// Print the server's answer as it came, one JSON object.
     #[arg(long, global = true)]
     json: bool,
+    /// Wait up to this many seconds for the listener to accept (a server just started).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600))]
+    wait: u64,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -417,9 +420,19 @@ pub fn run(args: AdminArgs) -> ExitCode {
             .and_then(|mut a| a.next())
             .ok_or_else(|| format!("--url {url:?}: cannot resolve {addr}"))?;
         let mut conn = Conn::new(to);
+        let wait_until = tokio::time::Instant::now() + std::time::Duration::from_secs(args.wait);
         let mut call = async |method: &str, path: &str, body: &str| {
-            let status = (conn.request(method, path, &token, body).await)
-                .map_err(|e| format!("{method} {path} on {url}: {e}"))?;
+            let status = loop {
+                match conn.request(method, path, &token, body).await {
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::ConnectionRefused
+                            && tokio::time::Instant::now() < wait_until =>
+                    {
+                        tokio::time::sleep(std::time::Duration::from_millis(250)).await
+                    }
+                    answer => break answer.map_err(|e| format!("{method} {path} on {url}: {e}"))?,
+                }
+            };
             let body = String::from_utf8_lossy(&conn.body).into_owned();
             Ok::<_, String>((format!("{method} {path}"), status, body))
         };

@@ -55,6 +55,10 @@ pub struct LoadArgs {
     /// key of `serve` on the embedded default).
     #[arg(long = "jwt-secret-file")]
     jwt_secret_file: Option<std::path::PathBuf>,
+    /// Instead of minting JWTs: a file of the login service's, one a line (`#` comments); its
+    /// users are the tokens' subjects, each clicking 1..=--clicks-per-user times.
+    #[arg(long = "jwts-file", conflicts_with_all = ["jwt_secret_file", "users", "skew"])]
+    jwts_file: Option<std::path::PathBuf>,
     /// The activity to buy from.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), required_unless_present = "stages")]
     activity: Option<u64>,
@@ -89,7 +93,7 @@ pub struct LoadArgs {
     /// clicks over 1, 2 and 3 API processes; the full funnel at peak) on the real stores
     /// (REDIS_URL, KAFKA_BROKERS, DATABASE_URL), starting the API, worker and jobs processes
     /// itself. `--users`, `--connections`, `--duration` and `--seed` size it.
-    #[arg(long, conflicts_with_all = ["url", "remote", "jwt_secret_file", "activity", "rate", "skew", "clicks_per_user", "target"])]
+    #[arg(long, conflicts_with_all = ["url", "remote", "jwt_secret_file", "jwts_file", "activity", "rate", "skew", "clicks_per_user", "target"])]
     stages: bool,
     /// With --stages: also draw the results as a bar chart (PNG).
     #[arg(long, requires = "stages")]
@@ -248,8 +252,21 @@ fn run_load(args: LoadArgs) -> ExitCode {
         jwt_secret: String::new(),
         jwt_issuer: std::env::var("SECKILL_JWT_ISSUER").ok(),
         jwt_audience: std::env::var("SECKILL_JWT_AUDIENCE").ok(),
+        jwts: None,
     };
-    let cfg = if cfg.target == Target::Purchase {
+    let cfg = if let Some(path) = &args.jwts_file {
+        match jwts_of(path) {
+            Ok(jwts) => LoadConfig {
+                users: jwts.len() as u64,
+                jwts: Some(std::sync::Arc::new(jwts)),
+                ..cfg
+            },
+            Err(e) => {
+                eprintln!("error: --jwts-file {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        }
+    } else if cfg.target == Target::Purchase {
         // The secret from the file, or as `serve` reads it (SECKILL_JWT_SECRET, its _FILE, the
         // credentials directory), or the development key.
         use seckill_api::identity::{minting_secret, MIN_SECRET_LEN};
@@ -359,6 +376,27 @@ fn run_load(args: LoadArgs) -> ExitCode {
         }
     );
     ExitCode::SUCCESS
+}
+
+/// The JWTs of a `--jwts-file`, by the user each names (read, not verified: the servers do that).
+fn jwts_of(path: &std::path::Path) -> Result<std::collections::BTreeMap<u64, String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let mut jwts = std::collections::BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let token = line.trim();
+        if token.is_empty() || token.starts_with('#') {
+            continue;
+        }
+        let user =
+            seckill_api::identity::subject_unverified(token).map_err(|e| format!("line {}: {e}", i + 1))?;
+        if jwts.insert(user.0, token.to_string()).is_some() {
+            return Err(format!("line {}: a second JWT of user {}", i + 1, user.0));
+        }
+    }
+    if jwts.is_empty() {
+        return Err("no JWT in it".into());
+    }
+    Ok(jwts)
 }
 
 /// `seckill load --stages`: the three stages on the real stores (see `cli::stages`).

@@ -118,6 +118,56 @@ async fn load_spreads_over_several_urls_with_the_secret_from_a_file() {
     running.shutdown().await.unwrap();
 }
 
+/// `seckill load` with the login service's JWTs from a file instead of a key to mint them: its
+/// users are the tokens' subjects; a line that is not a JWT is refused by its number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_buys_with_the_jwts_of_a_file() {
+    let secret = "f".repeat(32);
+    let running = crate::support::embedded_server(&secret, 6, Some((12, 100, 4))).await;
+    let dir = std::env::temp_dir().join(format!("seckill-jwts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (good, bad) = (dir.join("jwts.txt"), dir.join("bad.txt"));
+    let tokens: Vec<String> = (1_001..=1_150)
+        .map(|u| crate::support::user_jwt(&secret, u))
+        .collect();
+    std::fs::write(
+        &good,
+        format!("# issued for the load test\n{}\n", tokens.join("\n")),
+    )
+    .unwrap();
+    std::fs::write(&bad, format!("{}\nnot-a-jwt\n", tokens[0])).unwrap();
+    let url = format!("http://{}", running.addr);
+    let run = |file: std::path::PathBuf| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let file = file.display().to_string();
+            seckill(&[
+                "load",
+                "--activity",
+                "12",
+                "--connections",
+                "4",
+                "--json",
+                "--url",
+                &url,
+                "--jwts-file",
+                &file,
+            ])
+        })
+    };
+    let (code, out, err) = run(good).await.unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["config"]["users"], 150, "{out}");
+    assert_eq!(v["by_status"]["202"], 100, "the stock queued: {out}");
+    assert_eq!(v["errors"], 0, "{out}");
+    let (code, _, err) = run(bad).await.unwrap();
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("bad.txt: line 2"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    running.shutdown().await.unwrap();
+}
+
 /// A sale driven by `seckill load`'s engine against the API on a socket: the funnel adds up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_drives_a_sale_and_reports_the_funnel() {
@@ -136,6 +186,7 @@ async fn load_drives_a_sale_and_reports_the_funnel() {
         jwt_secret: "j".repeat(32),
         jwt_issuer: None,
         jwt_audience: None,
+        jwts: None,
     };
     let r = load::run(&cfg, || {}).await.unwrap();
     assert!(r.completed);

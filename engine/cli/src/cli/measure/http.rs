@@ -65,6 +65,7 @@ pub async fn rows(
             jwt_secret: settings.jwt_secret.clone(),
             jwt_issuer: None,
             jwt_audience: Some(AUDIENCE.to_string()),
+            jwts: None,
         };
         if wanted(healthz) {
             let r = load::run(&cfg(0, USERS, Target::Healthz), || {}).await?;

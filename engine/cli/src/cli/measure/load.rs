@@ -42,6 +42,10 @@ pub struct LoadConfig {
     pub jwt_secret: String,
     pub jwt_issuer: Option<String>,
     pub jwt_audience: Option<String>,
+    /// Instead of minting: the login service's JWTs, by the user each names (the users are
+    /// these, not `users` of them).
+    #[serde(skip)]
+    pub jwts: Option<Arc<BTreeMap<u64, String>>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -119,9 +123,19 @@ fn token_of(body: &[u8]) -> Option<String> {
 /// each clicking 1..=K times, shuffled by the seed.
 pub fn clicks(cfg: &LoadConfig, buckets: u32) -> Vec<u64> {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut out = Vec::new();
+    if let Some(jwts) = &cfg.jwts {
+        for &user in jwts.keys() {
+            out.extend(std::iter::repeat_n(
+                user,
+                rng.gen_range(1..=cfg.clicks_per_user) as usize,
+            ));
+        }
+        out.shuffle(&mut rng);
+        return out;
+    }
     let hot = (buckets / 8).max(1);
     let mut next = 1u64;
-    let mut out = Vec::new();
     for _ in 0..cfg.users {
         if buckets > 0 && rng.gen_bool(cfg.skew) {
             while BucketRouter::route(UserId(next), buckets).0 >= hot {
@@ -212,24 +226,31 @@ pub async fn run(
                         Target::Purchase => {
                             sent.fetch_add(1, Ordering::Relaxed);
                             use std::fmt::Write;
-                            // The user's JWT, as their login service would have issued it.
-                            let exp = crate::cli::tools::wall_now_ms() / 1_000 + 3_600;
-                            let jwt = seckill_api::identity::mint(
-                                cfg.jwt_secret.as_bytes(),
-                                seckill_core::domain::UserId(user),
-                                exp,
-                                cfg.jwt_issuer.as_deref(),
-                                cfg.jwt_audience.as_deref(),
-                            );
+                            // The user's JWT: the login service's, or minted as it would have.
+                            let minted;
+                            let jwt = match &cfg.jwts {
+                                Some(jwts) => &jwts[&user],
+                                None => {
+                                    let exp = crate::cli::tools::wall_now_ms() / 1_000 + 3_600;
+                                    minted = seckill_api::identity::mint(
+                                        cfg.jwt_secret.as_bytes(),
+                                        seckill_core::domain::UserId(user),
+                                        exp,
+                                        cfg.jwt_issuer.as_deref(),
+                                        cfg.jwt_audience.as_deref(),
+                                    );
+                                    &minted
+                                }
+                            };
                             let asked = tokio::time::Instant::now();
-                            match conn.request("POST", &token_path, &jwt, "").await {
+                            match conn.request("POST", &token_path, jwt, "").await {
                                 Ok(200) => {
                                     let token = token_of(&conn.body).unwrap_or_default();
                                     sent.fetch_add(1, Ordering::Relaxed);
                                     out_body.clear();
                                     let _ = write!(out_body, "{{\"token\":\"{token}\"}}");
                                     let t = tokio::time::Instant::now();
-                                    let r = conn.request("POST", &purchase_path, &jwt, &out_body).await;
+                                    let r = conn.request("POST", &purchase_path, jwt, &out_body).await;
                                     let _ = h.record(t.elapsed().as_micros().max(1) as u64);
                                     r.map(Some)
                                 }
@@ -336,6 +357,7 @@ mod tests {
             jwt_secret: String::new(),
             jwt_issuer: None,
             jwt_audience: None,
+            jwts: None,
         };
         let a = clicks(&cfg, 32);
         assert_eq!(a, clicks(&cfg, 32));

@@ -142,6 +142,7 @@ impl Settings {
             jwt_secret: self.jwt_secret.clone(),
             jwt_issuer: None,
             jwt_audience: Some(AUDIENCE.to_string()),
+            jwts: None,
         };
         let before = cpu_ns(api)?;
         let report = load::run(&cfg, || {}).await?;
