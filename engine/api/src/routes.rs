@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use rand::RngCore;
 use seckill_core::domain::{
-    Activity, ActivityId, ActivityState, Reservation, ReservationId, StockPlan, UserId,
+    Activity, ActivityId, ActivityState, BucketNo, Reservation, ReservationId, StockPlan, UserId,
 };
 use seckill_core::jobs::{self, ReconcileConfig};
 use seckill_core::ports::{
@@ -1160,8 +1160,10 @@ async fn admin_list<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     Ok(Json(json!({ "activities": all })))
 }
 
-/// One activity: the registry's row, and per bucket what Redis holds now — the stock, the open
-/// reservations (told "queued", not yet in the ledger), the gate — and whether a recovery holds it.
+/// One activity: the registry's row; per bucket what Redis holds now — the stock, the open
+/// reservations (told "queued", not yet in the ledger), the gate — and the units the ledger's
+/// orders hold; the funnel of its units from those and the consumer lag; and a recovery's
+/// progress (its claim, the gates it holds, the gates at the registry's generation).
 async fn admin_show<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     State(api): State<Shared<C, B, L, N>>,
     headers: HeaderMap,
@@ -1173,6 +1175,8 @@ async fn admin_show<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
         (api.core.ledger.registry(a).await.map_err(store_error)?).ok_or_else(|| unknown_activity(a))?;
     let plan = StockPlan::new(&registered.activity);
     let view = api.core.cache.summary(&plan).await.map_err(store_error)?;
+    let ledger = (api.core.ledger.reconcile_view(a, &Default::default()).await).map_err(store_error)?;
+    let sold = |b: BucketNo| ledger.sold.get(&b).copied().unwrap_or(0);
     let buckets: Vec<Value> = view
         .buckets
         .iter()
@@ -1182,15 +1186,33 @@ async fn admin_show<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
                 "initial": plan.initial(b.bucket),
                 "stock": b.stock,
                 "open_reservations": b.open.len(),
+                "sold": sold(b.bucket),
                 "gate": b.gate.as_ref().map(|g| json!({
                     "state": g.state, "intent": g.intent, "version": g.version, "generation": g.generation,
                 })),
             })
         })
         .collect();
+    let gates: Vec<_> = view.buckets.iter().filter_map(|b| b.gate.as_ref()).collect();
+    let claim = view.meta.as_ref().and_then(|m| m.claim.clone());
     let mut body = serde_json::to_value(&registered).expect("plain data");
-    body["recovering"] = json!(view.meta.is_some_and(|m| m.claim.is_some()));
+    body["recovering"] = json!(claim.is_some());
     body["buckets"] = json!(buckets);
+    body["funnel"] = json!({
+        "units": plan.all_buckets().map(|b| plan.initial(b)).sum::<u64>(),
+        "in_redis": view.buckets.iter().filter_map(|b| b.stock).sum::<i64>(),
+        "queued": view.buckets.iter().map(|b| b.open.iter().map(|r| u64::from(r.qty)).sum::<u64>()).sum::<u64>(),
+        "sold": ledger.sold.values().sum::<u64>(),
+        "cancelled_orders": ledger.cancelled.len(),
+        // The records published and not yet applied (every activity's): null if the bus is down.
+        "consumer_lag": api.core.bus.lag(ORDER_GROUP).await.ok(),
+    });
+    body["recovery"] = json!({
+        "claim": claim,
+        "gates_recovering": gates.iter().filter(|g| g.state == ActivityState::Recovering).count(),
+        "gates_at_generation": gates.iter().filter(|g| g.generation == registered.intent.generation).count(),
+        "gates_missing": view.buckets.len() - gates.len(),
+    });
     Ok(Json(body))
 }
 

@@ -289,9 +289,26 @@ fn activity_table(body: &str) -> Option<String> {
         a["start_ms"],
         a["end_ms"],
     );
+    let f = &v["funnel"];
     out += &format!(
-        "{:>6} {:>9} {:>9} {:>6} gate",
-        "bucket", "initial", "stock", "open"
+        "funnel: {} units: {} in Redis, {} queued, {} sold ({} cancelled orders); consumer lag {}\n",
+        f["units"], f["in_redis"], f["queued"], f["sold"], f["cancelled_orders"], f["consumer_lag"]
+    );
+    // A recovery under way, or one that left gates behind the registry's generation.
+    let (r, buckets) = (&v["recovery"], v["buckets"].as_array()?.len() as u64);
+    if !r["claim"].is_null() || r["gates_at_generation"].as_u64() != Some(buckets) {
+        out += &format!(
+            "recovery: claim {}; {} of {buckets} gates recovering, {} at generation {}, {} missing\n",
+            r["claim"].as_str().unwrap_or("none"),
+            r["gates_recovering"],
+            r["gates_at_generation"],
+            i["generation"],
+            r["gates_missing"],
+        );
+    }
+    out += &format!(
+        "{:>6} {:>9} {:>9} {:>6} {:>9} gate",
+        "bucket", "initial", "stock", "open", "sold"
     );
     for b in v["buckets"].as_array()? {
         let gate = match &b["gate"] {
@@ -303,11 +320,12 @@ fn activity_table(body: &str) -> Option<String> {
             n => n.to_string(),
         };
         out += &format!(
-            "\n{:>6} {:>9} {:>9} {:>6} {gate}",
+            "\n{:>6} {:>9} {:>9} {:>6} {:>9} {gate}",
             b["bucket"].to_string(),
             b["initial"].to_string(),
             stock,
             b["open_reservations"].to_string(),
+            b["sold"].to_string(),
         );
     }
     Some(out)

@@ -86,9 +86,14 @@ async fn admin_runs_the_operators_calls_with_exit_codes_a_script_can_use() {
         "{out}"
     );
     assert_eq!(
+        out.lines().nth(2),
+        Some("funnel: 100 units: 100 in Redis, 0 queued, 0 sold (0 cancelled orders); consumer lag 0"),
+        "{out}"
+    );
+    assert_eq!(
         out.lines().count(),
-        3 + 5,
-        "the header lines and 4 buckets + the fallback: {out}"
+        4 + 5,
+        "the header lines (no recovery) and 4 buckets + the fallback: {out}"
     );
     let (code, out, err) = call(Some(TOKEN), &["--json", "show", "42"]).await;
     assert_eq!(code, Some(0), "{err}");
@@ -292,6 +297,14 @@ async fn dead_letters_are_listed_replayed_into_their_order_once_and_purged() {
     );
     let (code, out, err) = call(&["audit", "8"]).await;
     assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = call(&["show", "8"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "\nfunnel: 10 units: 9 in Redis, 0 queued, 1 sold (0 cancelled orders); consumer lag 0\n"
+        ),
+        "{out}"
+    );
 
     // A purge is confirmed (no terminal here: only by --yes), then empties the topic.
     let (code, _, err) = call(&["dead-letters", "purge"]).await;
@@ -309,6 +322,21 @@ async fn dead_letters_are_listed_replayed_into_their_order_once_and_purged() {
     assert_eq!((code, out.trim()), (Some(0), "purged: 2"), "{err}");
     let (code, out, _) = call(&["dead-letters", "list"]).await;
     assert_eq!((code, out.trim()), (Some(0), "0 of 0 dead letters"));
+
+    // A recovery that bumped the generation and stopped before reopening (no jobs role here to
+    // take it over): `show` says where it stands.
+    stores
+        .ledger
+        .bump_generation(ActivityId(8), 0)
+        .await
+        .unwrap()
+        .unwrap();
+    let (code, out, err) = call(&["show", "8"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("\nrecovery: claim none; 0 of 3 gates recovering, 0 at generation 1, 0 missing\n"),
+        "{out}"
+    );
 
     back.shutdown().await.unwrap();
     front.shutdown().await.unwrap();
