@@ -7,7 +7,9 @@
 #   and each store over TLS with credentials, with a CA and certificates made here (openssl):
 #   Redis on 6380 (TLS only, ACL user) and a 3-master Cluster on 7100-7102 (TLS only, client
 #   and cluster bus, password), MariaDB's TLS-only user `seckill_tls`, Kafka SASL_SSL
-#   (PLAIN) on 9094.
+#   (PLAIN) on 9094;
+#   and Jaeger (v2 all-in-one, built with Go through ci/jaeger/go.mod): the OTLP collector the
+#   trace test exports to (4318) and reads back (16686).
 # Idempotent: whatever already answers is reused. Writes the connection settings to
 # $SECKILL_SERVICES_DIR/env (default target/services/env), which ci/test.sh sources.
 set -euo pipefail
@@ -228,6 +230,30 @@ for topic in seckill.orders seckill.orders.dlq; do
 done
 
 # ---------------------------------------------------------------------------------------------
+# Jaeger (v2 all-in-one, spans in memory): the OTLP collector the trace test exports to and
+# queries. Built with Go through ci/jaeger/go.mod (a few minutes the first time on 2 cores;
+# then Go's build cache), configured by ci/jaeger/config.yaml (loopback only).
+
+jaeger=$dir/jaeger/jaeger
+jaeger_version=$(sed -n 's|^\tgithub.com/jaegertracing/jaeger \(v[^ ]*\).*|\1|p' ci/jaeger/go.mod)
+if [ ! -x "$jaeger" ] || [ "$(cat "$dir/jaeger/.version" 2>/dev/null)" != "$jaeger_version" ]; then
+  command -v go >/dev/null || die "Jaeger is built with Go: put go on PATH"
+  say "building Jaeger $jaeger_version (ci/jaeger/go.mod)"
+  mkdir -p "$dir/jaeger"
+  (cd ci/jaeger && go build -o "$jaeger" github.com/jaegertracing/jaeger/cmd/jaeger) >"$dir/jaeger.build.log" 2>&1 \
+    || { tail -20 "$dir/jaeger.build.log"; die "building Jaeger failed"; }
+  echo "$jaeger_version" >"$dir/jaeger/.version"
+fi
+jaeger_up() { curl -sf http://127.0.0.1:16686/api/services; }
+if jaeger_up >/dev/null 2>&1; then
+  say "jaeger: already running"
+else
+  (cd "$dir/jaeger" && setsid nohup "$jaeger" --config="file:$repo/ci/jaeger/config.yaml" >"$dir/jaeger.log" 2>&1 &)
+  wait_for 60 "jaeger answering its query API" jaeger_up
+  say "jaeger: started (OTLP/HTTP on 4318, query API on 16686)"
+fi
+
+# ---------------------------------------------------------------------------------------------
 # A TrueType font for `seckill bench --plot` (chart text).
 
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || { say "installing fonts-dejavu-core"; apt_install fonts-dejavu-core; }
@@ -246,10 +272,13 @@ export KAFKA_TLS_BROKERS=127.0.0.1:9094
 export SECKILL_TEST_CA_FILE=$tls/ca.pem
 export REDIS_SERVER_BIN=$(command -v redis-server)
 export KAFKA_LIBS=$libs
+export JAEGER_OTLP=http://127.0.0.1:4318
+export JAEGER_QUERY=http://127.0.0.1:16686
 EOF
 
 say "versions:"
 say "  $(redis-server --version)"
 say "  $(mariadbd --version)"
+say "  jaeger $jaeger_version"
 say "  kafka $(ls "$libs" | sed -n 's/^kafka_2\.13-\(.*\)\.jar$/\1/p') (KRaft), $(java -version 2>&1 | head -1)"
 say "settings in $dir/env"

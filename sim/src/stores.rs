@@ -1282,6 +1282,7 @@ pub async fn serve_kafka(log: Arc<KafkaLog>, faults: Arc<Faults>) {
                 .skip(req.offset as usize)
                 .take(req.max)
                 .map(|(offset, (key, payload))| Delivery {
+                    trace: None,
                     partition: req.partition,
                     offset: offset as u64,
                     key: key.clone(),

@@ -23,6 +23,7 @@ mod openapi;
 pub mod payment;
 mod routes;
 pub mod serve;
+pub mod telemetry;
 pub mod token;
 
 use axum::http::{HeaderValue, StatusCode};

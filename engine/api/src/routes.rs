@@ -296,7 +296,11 @@ async fn observe(req: Request, next: Next) -> Response {
             str::to_string,
         );
     let method = req.method().clone();
-    let mut resp = REQUEST_ID.scope(request_id.clone(), next.run(req)).await;
+    let span = super::telemetry::request_span(req.headers(), &request_id, route);
+    let served = REQUEST_ID.scope(request_id.clone(), next.run(req));
+    let mut resp = tracing::Instrument::instrument(served, span.clone()).await;
+    // The request's log line inside its span: with traces on, it carries the trace id.
+    let _in_span = span.enter();
     let status = resp.status();
     let status_index = STATUSES
         .iter()

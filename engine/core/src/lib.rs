@@ -17,3 +17,4 @@ pub mod planted;
 pub mod ports;
 pub mod roles;
 pub mod service;
+pub mod trace;

@@ -539,6 +539,9 @@ pub struct Delivery {
     pub offset: u64,
     pub key: String,
     pub payload: Vec<u8>,
+    /// The publisher's trace context (`traceparent`), when the bus carries one (Kafka: a header).
+    #[serde(default)]
+    pub trace: Option<String>,
 }
 
 /// A record on the dead-letter topic: where it sits there, where the consumer read it, why it

@@ -287,7 +287,10 @@ impl<C: StockCache, B: OrderBus, L: Ledger> JobsRole<C, B, L> {
         use futures::StreamExt;
         let plans = self.plans().await?;
         Ok(futures::stream::iter(plans)
-            .map(|plan| self.activity_pass(plan))
+            .map(|plan| {
+                let span = tracing::debug_span!("jobs.pass", activity = %plan.activity);
+                tracing::Instrument::instrument(self.activity_pass(plan), span)
+            })
             .buffered(ACTIVITIES_IN_FLIGHT)
             .collect()
             .await)

@@ -348,7 +348,15 @@ impl OrderBus for KafkaBus {
     type Source = KafkaSource;
 
     async fn publish(&self, r: &Reservation) -> PortResult<()> {
-        self.send(&self.cfg.topic, &r.bus_key(), &r.encode(), None).await
+        // The purchase's trace goes on with the record, when it is being traced.
+        let headers = seckill_core::trace::current().map(|t| {
+            OwnedHeaders::new().insert(Header {
+                key: TRACEPARENT,
+                value: Some(&t),
+            })
+        });
+        self.send(&self.cfg.topic, &r.bus_key(), &r.encode(), headers)
+            .await
     }
 
     async fn publish_raw(&self, key: &str, payload: &[u8]) -> PortResult<()> {
@@ -521,24 +529,25 @@ pub struct KafkaSource {
     early: Vec<Delivery>,
 }
 
+/// A record's header, as text.
+fn header(m: &rdkafka::message::BorrowedMessage<'_>, name: &str) -> Option<String> {
+    use rdkafka::message::Headers;
+    m.headers()
+        .and_then(|h| h.iter().find(|h| h.key == name))
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
 /// A dead letter as `dead_letter` wrote it: the reason and the origin in its headers.
 fn dead_letter_of(m: &rdkafka::message::BorrowedMessage<'_>) -> DeadLetter {
-    use rdkafka::message::Headers;
-    let header = |name: &str| {
-        m.headers()
-            .and_then(|h| h.iter().find(|h| h.key == name))
-            .and_then(|h| h.value)
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default()
-    };
     let d = delivery_of(m);
     DeadLetter {
         partition: d.partition,
         offset: d.offset,
-        origin: header("origin"),
+        origin: header(m, "origin").unwrap_or_default(),
         key: d.key,
         payload: d.payload,
-        reason: header("reason"),
+        reason: header(m, "reason").unwrap_or_default(),
     }
 }
 
@@ -551,8 +560,12 @@ fn delivery_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Delivery {
             .map(|k| String::from_utf8_lossy(k).into_owned())
             .unwrap_or_default(),
         payload: m.payload().unwrap_or_default().to_vec(),
+        trace: header(m, TRACEPARENT),
     }
 }
+
+/// The record header carrying the publisher's trace context (W3C Trace Context's name).
+const TRACEPARENT: &str = "traceparent";
 
 impl KafkaSource {
     /// Joining a group takes a rebalance, and fetching starts only after it; a source that

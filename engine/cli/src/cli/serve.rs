@@ -97,17 +97,41 @@ pub fn serve(
             return ExitCode::from(2);
         }
     };
-    let _ = tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
+    // JSON log lines (SECKILL_LOG), and traces when an OTLP endpoint is configured: the engine's
+    // spans (debug level) go to the traces only.
+    let telemetry = {
+        use tracing::Level;
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::Layer;
+        let logs = tracing_subscriber::fmt::layer().json().with_filter(
             tracing_subscriber::EnvFilter::try_from_env("SECKILL_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .try_init();
+        );
+        let (traces, telemetry) = match seckill_api::telemetry::layer(&env, &cfg.roles.to_string()) {
+            Ok(Some((layer, t))) => {
+                let ours = ["seckill", "seckill_core", "seckill_api", "seckill_stores"];
+                let targets = (ours.iter()).fold(tracing_subscriber::filter::Targets::new(), |t, c| {
+                    t.with_target(*c, Level::DEBUG)
+                });
+                (
+                    Some(layer.with_filter(targets.with_default(Level::WARN))),
+                    Some(t),
+                )
+            }
+            Ok(None) => (None, None),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let _ = tracing_subscriber::registry().with(logs).with(traces).try_init();
+        telemetry
+    };
     let runtime = match runtime_multi() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    run_on(runtime, async move {
+    let code = run_on(runtime, async move {
         let settings = RealSettings::from_lookup(|k| env(k).filter(|v| !v.trim().is_empty()))?;
         let mut rng = rand::rngs::StdRng::from_entropy();
         // What is allowed but said loudly: printed by --check-config, logged at warn at start.
@@ -272,5 +296,9 @@ pub fn serve(
         }
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
-    })
+    });
+    if let Some(t) = telemetry {
+        t.shutdown();
+    }
+    code
 }

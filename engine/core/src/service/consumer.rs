@@ -11,13 +11,14 @@
 //! polled until a rewind succeeds; and a batch that starts past where this member's last batch of
 //! a partition began or ended (records skipped, whatever the cause) is never committed.
 
-use crate::domain::{ActivityId, Reservation, StockPlan};
+use crate::domain::{ActivityId, Reservation, ReservationId, StockPlan};
 use crate::ports::{
     ApplyOutcome, Delivery, Ledger, OrderSource, PortError, PortResult, ReleaseKind, StockCache,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tracing::{debug_span, Instrument, Span};
 
 /// The consumer group that applies orders to the ledger (`seckill audit` reads its lag).
 pub const ORDER_GROUP: &str = "seckill-orders";
@@ -154,7 +155,10 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
         }
         let result = match self.skipped(&batch) {
             Some(gap) => Err(gap),
-            None => self.process(&batch, &mut report).await,
+            None => {
+                let span = debug_span!("consumer.batch", records = batch.len());
+                self.process(&batch, &mut report).instrument(span).await
+            }
         };
         if let Err(e) = result {
             self.rewind_after_failure().await;
@@ -224,9 +228,19 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
     ) -> PortResult<()> {
         let mut events: Vec<Reservation> = Vec::with_capacity(batch.len());
         let mut origin = Vec::with_capacity(batch.len());
+        // A record that carries its purchase's trace gets a span continuing it, with the ledger's
+        // commit and its settle as children (none when nothing is traced).
+        let mut traced: BTreeMap<ReservationId, Span> = BTreeMap::new();
         for d in batch {
             match Reservation::decode(&d.payload) {
                 Ok(r) => {
+                    if let Some(parent) = &d.trace {
+                        let span = debug_span!("order", reservation = %r.id, activity = %r.activity,
+                            bucket = r.bucket.0, partition = d.partition, offset = d.offset,
+                            outcome = tracing::field::Empty);
+                        crate::trace::adopt(&span, parent);
+                        traced.insert(r.id, span);
+                    }
                     events.push(r);
                     origin.push(d);
                 }
@@ -243,7 +257,11 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
             Vec::new()
         } else {
             let started = tokio::time::Instant::now();
+            let commits: Vec<Span> = (traced.values())
+                .map(|s| debug_span!(parent: s, "ledger.commit", records = events.len()))
+                .collect();
             let outcomes = self.ledger.apply(&events).await?;
+            drop(commits);
             metrics::histogram!("seckill_apply_seconds").record(started.elapsed().as_secs_f64());
             // Fault point: a worker stalled between the ledger's commit and the settles (the
             // orders exist while their reservations are still open in Redis: the reconciler may
@@ -271,6 +289,9 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
         // reservation's units go back.
         let mut followups = Vec::with_capacity(events.len());
         for ((r, outcome), d) in events.iter().zip(&outcomes).zip(origin) {
+            if let Some(span) = traced.get(&r.id) {
+                span.record("outcome", tracing::field::debug(outcome));
+            }
             let followup = match outcome {
                 ApplyOutcome::Created => {
                     report.created += 1;
@@ -318,19 +339,26 @@ impl<L: Ledger, C: StockCache, S: OrderSource> OrderConsumer<L, C, S> {
         }
         // Independent reservations: one round trip for the whole batch, not one per order.
         let (cache, plans) = (&self.cache, &self.plans);
-        let results = futures::future::join_all(followups.into_iter().map(|(r, followup)| async move {
-            match followup {
-                FollowUp::Settle => cache.settle(r).await.map(drop),
-                FollowUp::Release => cache.release(r, ReleaseKind::Rejected).await.map(drop),
-                // Without its plan, left to the reconciler (which frees what the ledger failed).
-                FollowUp::Free => match plans.get(&r.activity) {
-                    Some(plan) => free_failed(cache, plan, r).await.map(drop),
-                    None => Err(PortError::determinate(
-                        "free failed",
-                        "the activity's plan is unknown",
-                    )),
-                },
+        let results = futures::future::join_all(followups.into_iter().map(|(r, followup)| {
+            let span = (traced.get(&r.id)).map_or_else(
+                Span::none,
+                |s| debug_span!(parent: s, "redis.followup", followup = ?followup),
+            );
+            async move {
+                match followup {
+                    FollowUp::Settle => cache.settle(r).await.map(drop),
+                    FollowUp::Release => cache.release(r, ReleaseKind::Rejected).await.map(drop),
+                    // Without its plan, left to the reconciler (which frees what the ledger failed).
+                    FollowUp::Free => match plans.get(&r.activity) {
+                        Some(plan) => free_failed(cache, plan, r).await.map(drop),
+                        None => Err(PortError::determinate(
+                            "free failed",
+                            "the activity's plan is unknown",
+                        )),
+                    },
+                }
             }
+            .instrument(span)
         }))
         .await;
         report.followups_failed += results.iter().filter(|r| r.is_err()).count() as u64;

@@ -22,6 +22,7 @@ use rand::RngCore;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use tracing::Instrument;
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PurchaseOutcome {
@@ -363,7 +364,9 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
 
         let id = self.inner.ids.next();
         let started = tokio::time::Instant::now();
-        let reserved = self.inner.cache.reserve(&local.plan, user, qty, id, now).await;
+        let reserved = (self.inner.cache.reserve(&local.plan, user, qty, id, now))
+            .instrument(tracing::debug_span!("reserve", activity = %a, user = user.0, bucket = own.0))
+            .await;
         metrics::histogram!("seckill_reserve_seconds").record(started.elapsed().as_secs_f64());
         let reservation = match reserved {
             Ok(ReserveOutcome::Reserved(r)) => r,
@@ -427,7 +430,9 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
         reservation: Reservation,
     ) -> (PurchaseOutcome, Option<bool>) {
         let started = tokio::time::Instant::now();
-        let published = self.inner.bus.publish(&reservation).await;
+        let span =
+            tracing::debug_span!("publish", reservation = %reservation.id, bucket = reservation.bucket.0);
+        let published = self.inner.bus.publish(&reservation).instrument(span).await;
         metrics::histogram!("seckill_publish_seconds").record(started.elapsed().as_secs_f64());
         let e = match published {
             Ok(()) => return (PurchaseOutcome::Queued(reservation), Some(true)),

@@ -44,13 +44,25 @@ async fn http(
     body: Option<&Value>,
     bearer: &str,
 ) -> Option<(u16, Value)> {
+    http_with(addr, method, path, body, bearer, "").await
+}
+
+/// `http` with more header lines (`extra`: each ending in CRLF).
+async fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    bearer: &str,
+    extra: &str,
+) -> Option<(u16, Value)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let req = format!(
             "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\n\
-             authorization: Bearer {bearer}\r\ncontent-length: {}\r\n\r\n{body}",
+             authorization: Bearer {bearer}\r\n{extra}content-length: {}\r\n\r\n{body}",
             body.len()
         );
         stream.write_all(req.as_bytes()).await.ok()?;
@@ -667,4 +679,133 @@ async fn three_api_processes_share_the_user_and_global_rates() {
     );
     drop(procs);
     db.drop_it().await;
+}
+
+/// One purchase is one trace in a real collector (Jaeger's all-in-one, which ci/services.sh
+/// starts): the API process's request with its reserve and publish, then — through the Kafka
+/// record's `traceparent` header — the worker's span of that record with the ledger's commit and
+/// the settle in Redis as its children, all under the trace id of the `traceparent` the buyer's
+/// client sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_purchase_is_one_trace_from_the_click_through_kafka_to_the_settle() {
+    let (Some(otlp), Some(query), Some(redis_url), Some(brokers), Some(database_url)) = (
+        service("JAEGER_OTLP"),
+        service("JAEGER_QUERY"),
+        service("REDIS_URL"),
+        service("KAFKA_BROKERS"),
+        service("DATABASE_URL"),
+    ) else {
+        return;
+    };
+    let _heavy = super::HEAVY.lock().await;
+    let id = unique_id();
+    let mut env = topology_env(
+        redis_url,
+        brokers,
+        &database_url,
+        &format!("seckill.test.traces.{id}"),
+    );
+    env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp));
+    env.push(("OTEL_SERVICE_NAME".into(), format!("seckill-test-{id}")));
+    // Each process exports its spans a second after they end (the batch's default is 5 s).
+    env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "1000".into()));
+    let mut all: Vec<Proc> = procs(1, "api", &env).chain(procs(1, "worker", &env)).collect();
+    start_all(&mut all).await;
+    let (api, admin) = (all[0].addr, all[0].admin);
+    let spec = json!({
+        "id": id, "total_stock": 10, "buckets": 2, "fallback_pct": 0,
+        "start_ms": now_ms() - 1_000, "end_ms": now_ms() + 3_600_000, "pay_timeout_ms": 900_000,
+    });
+    create_sale(admin, &[api], spec).await;
+
+    // The buyer's client starts the trace (sampled): the engine continues it.
+    let trace_id = format!("{:032x}", (0x5ec_u128 << 112) | u128::from(id));
+    let traceparent = format!("traceparent: 00-{trace_id}-00f067aa0ba902b7-01\r\n");
+    let user = 7;
+    let (s, t) = http(
+        api,
+        "POST",
+        &format!("/api/v1/activities/{id}/token"),
+        None,
+        &jwt(user),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 200, "{t}");
+    let buy = json!({ "token": t["token"] });
+    let path = format!("/api/v1/activities/{id}/purchase");
+    let (s, q) = http_with(api, "POST", &path, Some(&buy), &jwt(user), &traceparent)
+        .await
+        .unwrap();
+    assert_eq!(s, 202, "{q}");
+
+    // The collector's query API has the whole trace within seconds of the settle.
+    let url = format!("{}/api/traces/{trace_id}", query.trim_end_matches('/'));
+    let want = [
+        "request",
+        "reserve",
+        "publish",
+        "order",
+        "ledger.commit",
+        "redis.followup",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let trace = loop {
+        let got = tokio::task::spawn_blocking({
+            let url = url.clone();
+            move || Command::new("curl").args(["-s", &url]).output().unwrap().stdout
+        })
+        .await
+        .unwrap();
+        let v: Value = serde_json::from_slice(&got).unwrap_or(Value::Null);
+        let names: Vec<&str> = (v["data"][0]["spans"].as_array().into_iter().flatten())
+            .filter_map(|s| s["operationName"].as_str())
+            .collect();
+        if want.iter().all(|w| names.contains(w)) {
+            break v["data"][0].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the trace never had {want:?}: {names:?} ({url})"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let spans = trace["spans"].as_array().unwrap();
+    let span = |name: &str| spans.iter().find(|s| s["operationName"] == name).unwrap();
+    let parent = |s: &Value| s["references"][0]["spanID"].as_str().map(str::to_string);
+    let roles = |s: &Value| {
+        let process = &trace["processes"][s["processID"].as_str().unwrap()];
+        (process["tags"].as_array().unwrap().iter())
+            .find(|t| t["key"] == "seckill.roles")
+            .map(|t| t["value"].as_str().unwrap().to_string())
+    };
+    assert_eq!(
+        parent(span("request")).as_deref(),
+        Some("00f067aa0ba902b7"),
+        "the client's span"
+    );
+    for (child, of) in [
+        ("reserve", "request"),
+        ("publish", "request"),
+        ("order", "publish"),
+    ] {
+        assert_eq!(
+            parent(span(child)),
+            span(of)["spanID"].as_str().map(str::to_string),
+            "{child} under {of}"
+        );
+    }
+    for child in ["ledger.commit", "redis.followup"] {
+        assert_eq!(
+            parent(span(child)),
+            span("order")["spanID"].as_str().map(str::to_string),
+            "{child}"
+        );
+    }
+    assert_eq!(roles(span("publish")).as_deref(), Some("api"));
+    assert_eq!(roles(span("order")).as_deref(), Some("worker"));
+    let outcome = (span("order")["tags"].as_array().unwrap().iter())
+        .find(|t| t["key"] == "outcome")
+        .map(|t| t["value"].clone());
+    assert_eq!(outcome, Some(json!("Created")), "{}", span("order"));
 }

@@ -303,6 +303,7 @@ impl EmbeddedConsumer {
             while next < log.end() && out.len() < max {
                 let (key, payload) = &log.records[(next - log.base) as usize];
                 out.push(Delivery {
+                    trace: None,
                     partition: p as u32,
                     offset: next,
                     key: key.clone(),
