@@ -107,6 +107,9 @@ enum DeadLetterCommand {
     },
 }
 
+/// The purge `dead-letters purge` makes once confirmed (after a listing: `call_of`).
+const PURGE: &str = "/api/v1/admin/dead-letters/purge";
+
 /// `PARTITION/OFFSET` of a dead letter.
 fn position(s: &str) -> Result<(u32, u64), String> {
     let bad =
@@ -466,7 +469,7 @@ pub fn run(args: AdminArgs) -> ExitCode {
         }
         confirm_purge(total, yes)?;
         let before = serde_json::json!({ "before": listed["purge_before"] }).to_string();
-        call("POST", "/api/v1/admin/dead-letters/purge", &before).await
+        call("POST", PURGE, &before).await
     });
     let (called, status, body) = match answer {
         Ok(a) => a,
@@ -515,6 +518,57 @@ mod tests {
         assert!(listener("http://127.0.0.1:9090/api")
             .unwrap_err()
             .contains("HOST:PORT"));
+    }
+
+    /// Every operator route of the admin listener is a subcommand's call (the probes and the
+    /// scrape are not the operator's).
+    #[test]
+    fn every_admin_route_is_a_subcommand() {
+        let a = || Activity { activity: 42 };
+        let dl = AdminCommand::DeadLetters;
+        let spec = std::env::temp_dir().join(format!("seckill-admin-spec-{}.json", std::process::id()));
+        std::fs::write(&spec, "{}").unwrap();
+        let commands = vec![
+            AdminCommand::Create { file: spec.clone() },
+            AdminCommand::List,
+            AdminCommand::Show(a()),
+            AdminCommand::Warmup(a()),
+            AdminCommand::Pause(a()),
+            AdminCommand::Resume(a()),
+            AdminCommand::Close(a()),
+            AdminCommand::Reconcile(a()),
+            AdminCommand::Audit(a()),
+            AdminCommand::Order {
+                activity: 42,
+                user: 7,
+            },
+            AdminCommand::Cancel {
+                reservation: "0123456789abcdef0123456789abcdef".into(),
+            },
+            dl(DeadLetterCommand::List { limit: 10 }),
+            dl(DeadLetterCommand::Show { at: (0, 3) }),
+            dl(DeadLetterCommand::Replay { at: None, all: true }),
+        ];
+        let mut calls: Vec<(String, String)> = commands
+            .iter()
+            .map(|c| call_of(c).unwrap())
+            .map(|(m, path, _)| (m.to_lowercase(), path.split('?').next().unwrap().to_string()))
+            .collect();
+        calls.push(("post".into(), PURGE.into()));
+        let _ = std::fs::remove_file(&spec);
+        let matches = |template: &str, path: &str| {
+            let (t, p): (Vec<_>, Vec<_>) = (template.split('/').collect(), path.split('/').collect());
+            t.len() == p.len() && t.iter().zip(&p).all(|(t, p)| t.starts_with('{') || t == p)
+        };
+        for (method, route) in seckill_api::ADMIN_ROUTES {
+            if ["/metrics", "/healthz", "/readyz"].contains(route) {
+                continue;
+            }
+            assert!(
+                calls.iter().any(|(m, p)| m == method && matches(route, p)),
+                "{method} {route}: no subcommand calls it ({calls:?})"
+            );
+        }
     }
 
     #[test]
