@@ -1329,6 +1329,31 @@ async fn admin_dead_letter<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>
     Ok(Json(letter_view(&one_dead_letter(&api, at).await?)))
 }
 
+/// Dead letters replayed at once: each is a ledger read and maybe a publish, independent of the
+/// others (the ledger dedupes and fences whatever order they arrive in); one after another, a
+/// few thousand would outlast the request timeout.
+const REPLAYS_IN_FLIGHT: usize = 64;
+
+/// Replay one dead letter: its outcome's index among (replayed, already an order, undecodable)
+/// and its line of the answer.
+async fn replay_one<C, B: OrderBus, L: Ledger, N>(
+    api: &Shared<C, B, L, N>,
+    d: &DeadLetter,
+) -> Result<(usize, Value), ApiError> {
+    let done = admin::replay(&api.core.bus, &api.core.ledger, d)
+        .await
+        .map_err(admin_error)?;
+    let (i, outcome, detail) = match done {
+        Replayed::Published => (0, "replayed", Value::Null),
+        Replayed::AlreadyAnOrder(s) => (1, "already_an_order", json!(s)),
+        Replayed::DoesNotDecode(e) => (2, "does_not_decode", json!(e)),
+    };
+    let line = json!({
+        "partition": d.partition, "offset": d.offset, "outcome": outcome, "detail": detail,
+    });
+    Ok((i, line))
+}
+
 /// Replay one dead letter or every one the topic holds now (not those that arrive meanwhile: a
 /// replay that is dead-lettered again waits for the next call). Each is published again unless
 /// the ledger holds its reservation already; the letters stay until purged.
@@ -1337,26 +1362,14 @@ async fn admin_replay<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> Result<Json<Value>, ApiError> {
+    use futures::{StreamExt, TryStreamExt};
     admin(&api, &headers)?;
     let target = body::replay_request(&bytes).map_err(ApiError::bad_input)?;
-    let (mut results, mut counts) = (Vec::new(), [0u64; 3]);
-    let mut replay = async |d: &DeadLetter| -> Result<(), ApiError> {
-        let done = admin::replay(&api.core.bus, &api.core.ledger, d)
-            .await
-            .map_err(admin_error)?;
-        let (i, outcome, detail) = match done {
-            Replayed::Published => (0, "replayed", Value::Null),
-            Replayed::AlreadyAnOrder(s) => (1, "already_an_order", json!(s)),
-            Replayed::DoesNotDecode(e) => (2, "does_not_decode", json!(e)),
-        };
-        counts[i] += 1;
-        results.push(json!({
-            "partition": d.partition, "offset": d.offset, "outcome": outcome, "detail": detail,
-        }));
-        Ok(())
-    };
+    let mut done: Vec<(usize, Value)> = Vec::new();
     match target {
-        body::ReplayTarget::One(p, o) => replay(&one_dead_letter(&api, (p, o)).await?).await?,
+        body::ReplayTarget::One(p, o) => {
+            done.push(replay_one(&api, &one_dead_letter(&api, (p, o)).await?).await?)
+        }
         body::ReplayTarget::All => {
             const PAGE: usize = 500;
             let (mut from, mut ends) = (Some((0, 0)), None);
@@ -1364,17 +1377,29 @@ async fn admin_replay<C: StockCache, B: OrderBus, L: Ledger, N: NonceStore>(
                 let page = api.core.bus.dead_letters(at, PAGE).await.map_err(store_error)?;
                 let ends: &Vec<(u32, u64)> = ends.get_or_insert(page.ends);
                 let counted = |p: u32, o: u64| ends.iter().any(|&(q, end)| q == p && o < end);
-                for d in page.letters.iter().filter(|d| counted(d.partition, d.offset)) {
-                    replay(d).await?;
-                }
+                let letters: Vec<DeadLetter> = (page.letters.into_iter())
+                    .filter(|d| counted(d.partition, d.offset))
+                    .collect();
+                // Owned letters and a clone of the state per replay: a borrowed one makes the
+                // handler's future lifetime-generic, which axum's handler bound refuses.
+                let replayed: Vec<_> = futures::stream::iter(letters)
+                    .map(|d| {
+                        let api = api.clone();
+                        async move { replay_one(&api, &d).await }
+                    })
+                    .buffered(REPLAYS_IN_FLIGHT)
+                    .try_collect()
+                    .await?;
+                done.extend(replayed);
                 // On while a letter counted at the start may lie at or after the next page.
                 from = (page.next).filter(|&(p, o)| counted(p, o) || ends.iter().any(|&(q, _)| q > p));
             }
         }
     }
+    let count = |i: usize| done.iter().filter(|(k, _)| *k == i).count();
     Ok(Json(json!({
-        "replayed": counts[0], "already_orders": counts[1], "undecodable": counts[2],
-        "letters": results,
+        "replayed": count(0), "already_orders": count(1), "undecodable": count(2),
+        "letters": done.into_iter().map(|(_, line)| line).collect::<Vec<_>>(),
     })))
 }
 
