@@ -10,14 +10,14 @@ use crate::rpc::{self, addr};
 use crate::world::{Fault, Target};
 use madsim::net::Endpoint;
 use madsim::rand::{thread_rng, Rng};
-use seckill_core::adapters::embedded::{partition_of, EmbeddedLedger, Keyspace, RedisModel};
+use seckill_core::adapters::embedded::{partition_of, DeadLetterLog, EmbeddedLedger, Keyspace, RedisModel};
 use seckill_core::adapters::script::{parse_gate, Reply, ScriptConn};
 use seckill_core::domain::{
     Activity, ActivityId, ActivityState, Reservation, ReservationId, StockPlan, UserId,
 };
 use seckill_core::ports::{
-    ApplyOutcome, DeadLetter, DeadLetterPage, Delivery, Intent, Ledger, LedgerView, OrderBus, OrderRow,
-    OrderSource, PayOutcome, PortError, PortResult, ReconcileView, Registered,
+    ApplyOutcome, DeadLetterPage, Delivery, Intent, Ledger, LedgerView, OrderBus, OrderRow, OrderSource,
+    PayOutcome, PortError, PortResult, ReconcileView, Registered,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -1043,9 +1043,7 @@ pub struct KafkaLog {
 struct KafkaState {
     partitions: Vec<Vec<(String, Vec<u8>)>>,
     committed: BTreeMap<(String, u32), u64>,
-    /// The dead-letter topic (one partition): its records from offset `dead_letters_purged` on.
-    dead_letters: Vec<(Delivery, String)>,
-    dead_letters_purged: u64,
+    dead_letters: DeadLetterLog,
     groups: BTreeMap<String, Group>,
 }
 
@@ -1111,8 +1109,7 @@ impl KafkaLog {
             state: Mutex::new(KafkaState {
                 partitions: vec![Vec::new(); partitions as usize],
                 committed: BTreeMap::new(),
-                dead_letters: Vec::new(),
-                dead_letters_purged: 0,
+                dead_letters: DeadLetterLog::default(),
                 groups: BTreeMap::new(),
             }),
             lost_after_ack: Mutex::default(),
@@ -1144,55 +1141,22 @@ impl KafkaLog {
     }
 
     pub fn dead_letters(&self) -> usize {
-        self.state.lock().expect("kafka").dead_letters.len()
+        self.state.lock().expect("kafka").dead_letters.letters().count()
     }
 
-    /// The dead-letter topic's calls (one partition; offsets count on across purges).
+    /// The dead-letter topic's calls.
     fn dead_letters_call(&self, req: rpc::DeadLetters) -> rpc::DeadLettersAnswer {
         let mut st = self.state.lock().expect("kafka");
-        let st = &mut *st;
-        let purged = st.dead_letters_purged;
         match req {
             rpc::DeadLetters::Add { delivery, reason } => {
-                st.dead_letters.push((delivery, reason));
+                st.dead_letters.push(&delivery, &reason);
                 rpc::DeadLettersAnswer::Added
             }
             rpc::DeadLetters::Read { from, limit } => {
-                let total = st.dead_letters.len() as u64;
-                let skip = match from {
-                    (0, o) => o.saturating_sub(purged) as usize,
-                    _ => st.dead_letters.len(),
-                };
-                let mut rest = (st.dead_letters.iter().enumerate())
-                    .skip(skip)
-                    .map(|(i, (d, reason))| DeadLetter {
-                        partition: 0,
-                        offset: purged + i as u64,
-                        origin: format!("orders/{}@{}", d.partition, d.offset),
-                        key: d.key.clone(),
-                        payload: d.payload.clone(),
-                        reason: reason.clone(),
-                    });
-                let letters: Vec<_> = rest.by_ref().take(limit).collect();
-                let next = rest.next().map(|d| (0, d.offset));
-                let ends = vec![(0, purged + total)];
-                rpc::DeadLettersAnswer::Page(DeadLetterPage {
-                    letters,
-                    total,
-                    next,
-                    ends,
-                })
+                rpc::DeadLettersAnswer::Page(st.dead_letters.page(from, limit))
             }
             rpc::DeadLetters::Purge { before } => {
-                let below = (before.iter())
-                    .filter(|(p, _)| *p == 0)
-                    .map(|&(_, o)| o)
-                    .max()
-                    .unwrap_or(0);
-                let n = (below.saturating_sub(purged) as usize).min(st.dead_letters.len());
-                st.dead_letters.drain(..n);
-                st.dead_letters_purged += n as u64;
-                rpc::DeadLettersAnswer::Purged(n as u64)
+                rpc::DeadLettersAnswer::Purged(st.dead_letters.purge(&before))
             }
         }
     }
@@ -1201,7 +1165,8 @@ impl KafkaLog {
     pub fn record(&self, partition: u32, offset: u64) -> Option<(Vec<u8>, bool)> {
         let st = self.state.lock().expect("kafka");
         let (_, payload) = st.partitions.get(partition as usize)?.get(offset as usize)?;
-        let dead = (st.dead_letters.iter()).any(|(d, _)| d.partition == partition && d.offset == offset);
+        let origin = format!("orders/{partition}@{offset}");
+        let dead = st.dead_letters.letters().any(|d| d.origin == origin);
         Some((payload.clone(), dead))
     }
 

@@ -321,6 +321,17 @@ impl KafkaBus {
         blocking("flush", move || producer.flush(timeout)).await
     }
 
+    /// A consumer that commits nothing, for reading metadata, offsets and records by hand.
+    fn reader(&self, op: &'static str, group: &str) -> PortResult<Arc<BaseConsumer>> {
+        let consumer = client_config(&self.cfg)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .create()
+            .map_err(|e| kafka_err(op, e))?;
+        Ok(Arc::new(consumer))
+    }
+
     /// Per-partition (low, high) watermarks of `topic`.
     async fn watermarks(&self, consumer: Arc<BaseConsumer>, topic: &str) -> PortResult<Vec<(i32, i64, i64)>> {
         let (topic, timeout) = (topic.to_string(), self.cfg.request_timeout);
@@ -385,13 +396,7 @@ impl OrderBus for KafkaBus {
     }
 
     async fn lag(&self, group: &str) -> PortResult<u64> {
-        let consumer: Arc<BaseConsumer> = Arc::new(
-            client_config(&self.cfg)
-                .set("group.id", group)
-                .set("enable.auto.commit", "false")
-                .create()
-                .map_err(|e| kafka_err("lag", e))?,
-        );
+        let consumer = self.reader("lag", group)?;
         let marks = self.watermarks(consumer.clone(), &self.cfg.topic).await?;
         let mut tpl = TopicPartitionList::new();
         for &(p, _, _) in &marks {
@@ -412,14 +417,7 @@ impl OrderBus for KafkaBus {
 
     /// Read by a consumer of no group (assigned one partition at a time, nothing committed).
     async fn dead_letters(&self, from: (u32, u64), limit: usize) -> PortResult<DeadLetterPage> {
-        let consumer: Arc<BaseConsumer> = Arc::new(
-            client_config(&self.cfg)
-                .set("group.id", "seckill-dead-letter-reader")
-                .set("enable.auto.commit", "false")
-                .set("enable.auto.offset.store", "false")
-                .create()
-                .map_err(|e| kafka_err("dead letters", e))?,
-        );
+        let consumer = self.reader("dead letters", DEAD_LETTER_READER)?;
         let marks = self.watermarks(consumer.clone(), &self.cfg.dlq_topic).await?;
         let total = marks.iter().map(|&(_, lo, hi)| (hi - lo).max(0) as u64).sum();
         let ends = marks
@@ -477,11 +475,7 @@ impl OrderBus for KafkaBus {
             tpl.add_partition_offset(&self.cfg.dlq_topic, p as i32, Offset::Offset(o as i64))
                 .map_err(|e| kafka_err("purge dead letters", e))?;
         }
-        let consumer: Arc<BaseConsumer> = Arc::new(
-            client_config(&self.cfg)
-                .create()
-                .map_err(|e| kafka_err("purge dead letters", e))?,
-        );
+        let consumer = self.reader("purge dead letters", DEAD_LETTER_READER)?;
         let marks = self.watermarks(consumer, &self.cfg.dlq_topic).await?;
         let was: std::collections::BTreeMap<i32, i64> = marks.into_iter().map(|(p, lo, _)| (p, lo)).collect();
         let done = admin
@@ -563,6 +557,9 @@ fn delivery_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Delivery {
         trace: header(m, TRACEPARENT),
     }
 }
+
+/// The group id of the dead-letter reader (it assigns partitions itself and never commits).
+const DEAD_LETTER_READER: &str = "seckill-dead-letter-reader";
 
 /// The record header carrying the publisher's trace context (W3C Trace Context's name).
 const TRACEPARENT: &str = "traceparent";

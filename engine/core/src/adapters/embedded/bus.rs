@@ -63,9 +63,7 @@ struct BusState {
     generation: u64,
     next_member: u64,
     group: Option<String>,
-    /// The dead-letter topic's one partition; offsets count from 0 and survive a purge.
-    dead_letters: VecDeque<DeadLetter>,
-    dead_letter_end: u64,
+    dead_letters: DeadLetterLog,
 }
 
 struct PartitionLog {
@@ -77,6 +75,58 @@ struct PartitionLog {
 impl PartitionLog {
     fn end(&self) -> u64 {
         self.base + self.records.len() as u64
+    }
+}
+
+/// A dead-letter topic of one partition, in memory (the embedded bus's and the simulated
+/// broker's): offsets count on across purges, as Kafka's do.
+#[derive(Debug, Clone, Default)]
+pub struct DeadLetterLog {
+    letters: VecDeque<DeadLetter>,
+    end: u64,
+}
+
+impl DeadLetterLog {
+    /// Dead-letter `d` (its origin written as `orders/partition@offset`).
+    pub fn push(&mut self, d: &Delivery, reason: &str) {
+        self.letters.push_back(DeadLetter {
+            partition: 0,
+            offset: self.end,
+            origin: format!("orders/{}@{}", d.partition, d.offset),
+            key: d.key.clone(),
+            payload: d.payload.clone(),
+            reason: reason.to_string(),
+        });
+        self.end += 1;
+    }
+
+    pub fn letters(&self) -> impl Iterator<Item = &DeadLetter> {
+        self.letters.iter()
+    }
+
+    /// `OrderBus::dead_letters` over this one partition.
+    pub fn page(&self, from: (u32, u64), limit: usize) -> DeadLetterPage {
+        let mut rest = (self.letters.iter()).filter(|d| from.0 == 0 && d.offset >= from.1);
+        let letters: Vec<DeadLetter> = rest.by_ref().take(limit).cloned().collect();
+        let next = rest.next().map(|d| (0, d.offset));
+        DeadLetterPage {
+            letters,
+            total: self.letters.len() as u64,
+            next,
+            ends: vec![(0, self.end)],
+        }
+    }
+
+    /// `OrderBus::purge_dead_letters` over this one partition.
+    pub fn purge(&mut self, before: &[(u32, u64)]) -> u64 {
+        let below = (before.iter())
+            .filter(|(p, _)| *p == 0)
+            .map(|&(_, o)| o)
+            .max()
+            .unwrap_or(0);
+        let n = self.letters.iter().take_while(|d| d.offset < below).count();
+        self.letters.drain(..n);
+        n as u64
     }
 }
 
@@ -124,8 +174,7 @@ impl EmbeddedBus {
                     generation: 0,
                     next_member: 0,
                     group: None,
-                    dead_letters: VecDeque::new(),
-                    dead_letter_end: 0,
+                    dead_letters: DeadLetterLog::default(),
                 }),
                 notify: Notify::new(),
                 capacity,
@@ -151,7 +200,7 @@ impl EmbeddedBus {
 
     /// The dead-letter topic as it stands.
     pub fn all_dead_letters(&self) -> Vec<DeadLetter> {
-        self.lock().dead_letters.iter().cloned().collect()
+        self.lock().dead_letters.letters().cloned().collect()
     }
 
     fn append(&self, key: &str, payload: &[u8]) -> PortResult<()> {
@@ -194,32 +243,11 @@ impl OrderBus for EmbeddedBus {
     }
 
     async fn dead_letters(&self, from: (u32, u64), limit: usize) -> PortResult<DeadLetterPage> {
-        let st = self.lock();
-        let total = st.dead_letters.len() as u64;
-        let mut rest = (st.dead_letters.iter()).filter(|d| from.0 == 0 && d.offset >= from.1);
-        let letters: Vec<DeadLetter> = rest.by_ref().take(limit).cloned().collect();
-        let next = rest.next().map(|d| (0, d.offset));
-        Ok(DeadLetterPage {
-            letters,
-            total,
-            next,
-            ends: vec![(0, st.dead_letter_end)],
-        })
+        Ok(self.lock().dead_letters.page(from, limit))
     }
 
     async fn purge_dead_letters(&self, before: &[(u32, u64)]) -> PortResult<u64> {
-        let mut st = self.lock();
-        let below = before.iter().filter(|(p, _)| *p == 0).map(|&(_, o)| o).max();
-        let mut purged = 0;
-        while st
-            .dead_letters
-            .front()
-            .is_some_and(|d| below.is_some_and(|b| d.offset < b))
-        {
-            st.dead_letters.pop_front();
-            purged += 1;
-        }
-        Ok(purged)
+        Ok(self.lock().dead_letters.purge(before))
     }
 
     async fn subscribe(&self, group: &str) -> PortResult<EmbeddedConsumer> {
@@ -383,19 +411,10 @@ impl OrderSource for EmbeddedConsumer {
 
     async fn dead_letter(&mut self, d: &Delivery, reason: &str) -> PortResult<()> {
         let mut st = self.bus.lock();
-        if st.dead_letters.len() >= self.bus.shared.capacity {
+        if st.dead_letters.letters.len() >= self.bus.shared.capacity {
             return Err(PortError::determinate("dead letter", "dead-letter list full"));
         }
-        let offset = st.dead_letter_end;
-        st.dead_letter_end += 1;
-        st.dead_letters.push_back(DeadLetter {
-            partition: 0,
-            offset,
-            origin: format!("orders/{}@{}", d.partition, d.offset),
-            key: d.key.clone(),
-            payload: d.payload.clone(),
-            reason: reason.to_string(),
-        });
+        st.dead_letters.push(d, reason);
         Ok(())
     }
 

@@ -5,7 +5,7 @@ mod bus;
 pub mod ledger;
 mod redis_model;
 
-pub use bus::{partition_of, EmbeddedBus, EmbeddedConsumer, Fetch};
+pub use bus::{partition_of, DeadLetterLog, EmbeddedBus, EmbeddedConsumer, Fetch};
 pub use ledger::EmbeddedLedger;
 pub use redis_model::{exec, Keyspace, RedisModel, Value};
 
