@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 export SECKILL_REQUIRE_SERVICES=1
 export CARGO_TERM_COLOR=never
+# A one-shot run has no use for incremental caches, which would double the disk the builds take.
+export CARGO_INCREMENTAL=0
 # `cargo sim` passes --cfg madsim through the alias's config; RUSTFLAGS would silently replace it.
 unset RUSTFLAGS
 
@@ -20,6 +22,7 @@ source "${SECKILL_SERVICES_DIR:-target/services}/env"
 step "toolchain"
 cargo --version
 rustc --version
+df -h . | sed 's/^/disk: /'
 
 step "format"
 cargo fmt --all -- --check
@@ -76,3 +79,5 @@ step "standard-size sample (10,000 users, 1,000 units, 16 buckets: 2 seeds of ev
 ci/soak.sh --standard --seeds 2 --from 70000
 
 step "done"
+df -h . | sed 's/^/disk: /'
+du -sh target 2>/dev/null | sed 's/^/disk: /'
