@@ -14,7 +14,7 @@ fail=0
 # Every crate a package links in production (normal edges only), one name per line.
 linked() { cargo tree -q -p "$1" -e normal --prefix none --format '{p}' | awk '{print $1}' | sort -u; }
 
-for p in seckill-core seckill-api seckill seckill-testkit seckill-invariants seckill-sim; do
+for p in seckill-core seckill-api seckill seckill-testkit seckill-invariants seckill-sim seckill-model; do
   own=$(cargo metadata -q --format-version 1 --no-deps | python3 -c "
 import json, sys
 m = json.load(sys.stdin)
@@ -28,7 +28,7 @@ print(' '.join(d['name'] for d in pkg['dependencies'] if d['kind'] is None))")
   done
 done
 
-for p in seckill-core seckill-sim; do
+for p in seckill-core seckill-sim seckill-model; do
   bad=$(linked "$p" | grep -E "^($clients|axum|hyper|seckill-stores|seckill-api|seckill)$" || true)
   if [ -n "$bad" ]; then
     echo "deps: $p links $(echo "$bad" | tr '\n' ' ')(the core and the simulation link none of these)" >&2

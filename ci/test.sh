@@ -36,7 +36,7 @@ ci/readme.sh
 step "clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "tests (plain build)"
+step "tests (plain build; the recovery model's exhaustive check and replays, sim/model, among them)"
 cargo test --workspace
 
 step "the OpenAPI document against a live server (schemathesis)"
