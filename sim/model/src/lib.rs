@@ -11,18 +11,18 @@
 //! reads) of `engine/core/src/jobs/recover.rs`, in the order that function makes them, and each
 //! store operation mirrors the Lua script it stands for (`lua/gate.lua`, `warmup.lua`,
 //! `rebuild.lua`, `release.lua`, `reserve.lua`, `settle.lua`) or the ledger's
-//! `EmbeddedLedger::apply_one`: see `Step` and the functions on `Redis` and `Ledger`. The replay
-//! test (`tests/replay.rs`) runs every trace the checker prints against the embedded stores
-//! through the engine's own `recover_if_needed`, one store call at a time, and checks that the
-//! engine makes the calls the model says, with the answers the model predicts.
+//! `EmbeddedLedger::apply_one`: see `Step` and the functions on `State` that name a script. The
+//! replay (`tests/it/replay.rs`) runs the checker's traces against the embedded stores through
+//! the engine's own `recover_if_needed`, one store call at a time, and checks after every step
+//! that the stores hold what the model says.
 //!
 //! What the model leaves out, on purpose: quantities (every reservation is one unit), the
-//! fallback bucket, transfers, cancels and payments (their marks survive a rebuild by the
-//! journal, which no step here touches), and time except as the order of events (a lease
-//! "expires" as a fault at any moment; a runner that is not scheduled is a runner that stalled).
+//! reserve's fallback to the fallback bucket (which the model keeps empty), transfers, cancels
+//! and payments (their marks survive a rebuild by the journal, which no step here touches), and
+//! time except as the order of events (a lease "expires" as a fault at any moment; a runner that
+//! is not scheduled is a runner that stalled).
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Mutex;
 
 use stateright::{Model, Property};
@@ -484,12 +484,6 @@ impl Action {
     }
 }
 
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
-
 pub struct Recovery {
     pub bound: Bound,
     pub bug: Option<Bug>,
@@ -573,15 +567,16 @@ impl Recovery {
 // Redis: each function is the script it names, on the model's keys.
 
 impl State {
-    /// A script's writes: `f` on Redis, and — if it changed anything — the state before it is
-    /// what a replica missing this write holds (kept only while a loss can still come).
-    /// A write that changes what the model does not track (the claim's deadline).
+    /// A write of what the model does not track (the claim's deadline): a replica missing it
+    /// holds what Redis holds now.
     fn wrote(&mut self) {
         if self.losses > 0 {
             self.replica = Some(self.redis.clone());
         }
     }
 
+    /// A script's writes: `f` on Redis, and — if it changed anything — the state before it is
+    /// what a replica missing this write holds (kept only while a loss can still come).
     fn write<T>(&mut self, f: impl FnOnce(&mut Redis) -> T) -> T {
         let before = (self.losses > 0).then(|| self.redis.clone());
         let out = f(&mut self.redis);
