@@ -549,13 +549,13 @@ impl Replay {
         self.done.push(action.clone());
         match action.clone() {
             Action::Runner(r, step) => self.runner(r as usize, step, &next).await,
-            other => self.actor(other).await,
+            other => self.actor(other, &next).await,
         }
         self.state = next;
         self.compare().await;
     }
 
-    async fn actor(&mut self, action: Action) {
+    async fn actor(&mut self, action: Action, next: &State) {
         let plan = &self.plan;
         match action {
             Action::Reserve(user) => {
@@ -582,7 +582,7 @@ impl Replay {
                     .release(&r, ReleaseKind::Unpublished)
                     .await
                     .expect("release");
-                let model_released = !matches!(self.state_after_told(user), Told::Queued(_));
+                let model_released = !matches!(next.purchases[user as usize].told, Told::Queued(_));
                 assert_eq!(
                     released != Released::Adopted,
                     model_released,
@@ -611,7 +611,19 @@ impl Replay {
                 };
                 // The consumer drops every copy it applied (the model dedupes identical records).
                 self.topic.lock().expect("topic").visible.retain(|k| k != &r);
-                self.ledger.apply(std::slice::from_ref(&r)).await.expect("apply");
+                let outcome = self.ledger.apply(std::slice::from_ref(&r)).await.expect("apply");
+                // The consumer's follow-up of the engine's outcome is the model's.
+                let followup = match outcome.first() {
+                    Some(ApplyOutcome::Created | ApplyOutcome::Redelivered) => FollowUp::Settle,
+                    Some(ApplyOutcome::OutOfStock | ApplyOutcome::StaleGeneration) => FollowUp::Free,
+                    Some(ApplyOutcome::DuplicateBuyer { .. }) => FollowUp::Release,
+                    other => panic!("apply of {r:?} answered {other:?}"),
+                };
+                assert!(
+                    next.followups.contains(&(m, followup)),
+                    "apply of {m:?}: the engine answered {outcome:?}, the model {:?}",
+                    next.followups
+                );
             }
             Action::FollowUp(m, f) => {
                 let r = self.record(m);
@@ -690,16 +702,6 @@ impl Replay {
             panic!("user {user} is not publishing")
         };
         self.reservations[&rid].clone()
-    }
-
-    fn state_after_told(&self, user: u8) -> Told {
-        use stateright::Model;
-        let action = Action::PublishFailed(user);
-        self.model
-            .next_state(&self.state, action)
-            .expect("a step")
-            .purchases[user as usize]
-            .told
     }
 
     fn record(&self, m: Msg) -> Reservation {
