@@ -369,3 +369,43 @@ async fn metrics_name_the_build_and_the_process() {
     }
     running.shutdown().await.unwrap();
 }
+
+/// A list of every installed sale passes a megabyte long before an operator stops selling: the
+/// admin command reads it whole (4,600 sales on one database once made it refuse the answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_of_sales_is_read_whatever_its_size() {
+    use seckill_core::domain::StockPlan;
+    use seckill_core::ports::Ledger;
+    let stores = seckill_core::adapters::embedded::EmbeddedBackend::new();
+    let sales = 6_000u64;
+    for id in 1..=sales {
+        let activity = seckill_testkit::activity(1_000_000 + id, 100, 4, 10);
+        stores
+            .ledger
+            .install(&activity, &StockPlan::new(&activity))
+            .await
+            .unwrap();
+    }
+    let running = crate::support::server_on(
+        &stores,
+        seckill_core::roles::Roles::ALL,
+        &"l".repeat(32),
+        14,
+        None,
+    )
+    .await;
+    let url = format!("http://{}", running.admin_addr);
+    let (code, out, err) = admin(
+        Some(TOKEN),
+        vec!["--url".into(), url, "--json".into(), "list".into()],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.len() > 1 << 20, "the answer is {} bytes", out.len());
+    let listed: Value = serde_json::from_str(&out).expect("--json prints the answer as JSON");
+    let n = listed
+        .as_array()
+        .or_else(|| listed["activities"].as_array())
+        .map_or(0, Vec::len);
+    assert_eq!(n as u64, sales, "{}", &out[..200]);
+}
