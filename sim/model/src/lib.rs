@@ -145,6 +145,16 @@ impl Bound {
         self.routes[user as usize] as usize
     }
 
+    /// The ledger holds a live (created) order of `user`: its UNIQUE(activity, live user).
+    fn has_live_order(&self, l: &Ledger, user: u8) -> bool {
+        (0..self.rids()).any(|r| {
+            self.user_of(r) == user
+                && l.orders[r as usize]
+                    .as_ref()
+                    .is_some_and(|o| o.status == Status::Created)
+        })
+    }
+
     fn bucket_of(&self, rid: Rid) -> usize {
         self.route(self.user_of(rid))
     }
@@ -780,18 +790,7 @@ impl Recovery {
             return Outcome::Redelivered;
         }
         let stale = m.generation < l.generation && !self.planted(Bug::NoGenerationCheck);
-        let user = b.user_of(m.rid);
-        let live = (0..b.rids()).any(|r| {
-            b.user_of(r) == user
-                && matches!(
-                    l.orders[r as usize],
-                    Some(Order {
-                        status: Status::Created,
-                        ..
-                    })
-                )
-        });
-        if live {
+        if b.has_live_order(l, b.user_of(m.rid)) {
             return Outcome::DuplicateBuyer;
         }
         let bucket = b.bucket_of(m.rid);
@@ -1330,16 +1329,7 @@ impl Recovery {
     fn nobody_locked_out(&self, s: &State) -> bool {
         let b = &self.bound;
         (0..b.users()).all(|user| {
-            let live = (0..b.rids()).any(|rid| {
-                b.user_of(rid) == user
-                    && matches!(
-                        s.ledger.orders[rid as usize],
-                        Some(Order {
-                            status: Status::Created,
-                            ..
-                        })
-                    )
-            });
+            let live = b.has_live_order(&s.ledger, user);
             live || s.redis.buckets.iter().all(|k| k.buyers & (1 << user) == 0)
         })
     }

@@ -54,10 +54,7 @@ pub enum Call {
 
 impl Call {
     fn script(sha: &str, keys: &[String], args: &[String]) -> Call {
-        let script = Script::ALL
-            .into_iter()
-            .find(|s| s.sha1() == sha)
-            .expect("one of the engine's scripts");
+        let script = script_of(sha);
         // `sk:{A.b}:…` names bucket b; `sk:{A}:meta` none.
         let bucket = keys.first().and_then(|k| {
             let tag = k.split('{').nth(1)?.split('}').next()?;
@@ -86,6 +83,14 @@ impl Call {
     }
 }
 
+/// The engine's script whose SHA1 this is.
+fn script_of(sha: &str) -> Script {
+    Script::ALL
+        .into_iter()
+        .find(|s| s.sha1() == sha)
+        .expect("one of the engine's scripts")
+}
+
 struct Request {
     call: Call,
     go: oneshot::Sender<()>,
@@ -97,6 +102,14 @@ struct Request {
 struct Turns(mpsc::UnboundedSender<Request>);
 
 impl Turns {
+    /// Run `op` as `call` once it is its turn, and say when it is done.
+    async fn around<T>(&self, call: Call, op: impl std::future::Future<Output = T>) -> T {
+        let done = self.take(call).await;
+        let out = op.await;
+        let _ = done.send(());
+        out
+    }
+
     /// Wait for the turn of `call`; send on the returned channel once it is done.
     async fn take(&self, call: Call) -> oneshot::Sender<()> {
         let (go, go_rx) = oneshot::channel();
@@ -133,8 +146,7 @@ impl ScriptConn for Tracked {
         let before = self.model.dump();
         let mut reply = self.redis.eval_sha(sha, keys, args).await?;
         if matches!(&reply, Reply::Error(e) if e.starts_with("NOSCRIPT")) {
-            let script = Script::ALL.into_iter().find(|s| s.sha1() == sha).expect("ours");
-            self.redis.script_load(script.source()).await?;
+            self.redis.script_load(script_of(sha).source()).await?;
             reply = self.redis.eval_sha(sha, keys, args).await?;
         }
         if self.model.dump() != before {
@@ -161,10 +173,8 @@ struct Stepped {
 
 impl ScriptConn for Stepped {
     async fn eval_sha(&self, sha: &str, keys: &[String], args: &[String]) -> PortResult<Reply> {
-        let done = self.turns.take(Call::script(sha, keys, args)).await;
-        let reply = self.conn.eval_sha(sha, keys, args).await;
-        let _ = done.send(());
-        reply
+        let call = Call::script(sha, keys, args);
+        self.turns.around(call, self.conn.eval_sha(sha, keys, args)).await
     }
 
     async fn script_load(&self, source: &str) -> PortResult<()> {
@@ -172,10 +182,7 @@ impl ScriptConn for Stepped {
     }
 
     async fn run_id(&self) -> PortResult<String> {
-        let done = self.turns.take(Call::RunId).await;
-        let id = self.conn.run_id().await;
-        let _ = done.send(());
-        id
+        self.turns.around(Call::RunId, self.conn.run_id()).await
     }
 }
 
@@ -190,10 +197,7 @@ struct SteppedLedger {
 
 impl SteppedLedger {
     async fn turn<T>(&self, name: &'static str, call: impl std::future::Future<Output = T>) -> T {
-        let done = self.turns.take(Call::Ledger(name)).await;
-        let out = call.await;
-        let _ = done.send(());
-        out
+        self.turns.around(Call::Ledger(name), call).await
     }
 }
 
@@ -272,19 +276,16 @@ impl OrderBus for ReplayBus {
     type Source = EmbeddedConsumer;
 
     async fn publish(&self, r: &Reservation) -> PortResult<()> {
-        let done = self.turns.take(Call::Bus("publish")).await;
-        self.topic.lock().expect("topic").inflight.push(r.clone());
-        let _ = done.send(());
+        let publish = async { self.topic.lock().expect("topic").inflight.push(r.clone()) };
+        self.turns.around(Call::Bus("publish"), publish).await;
         Ok(())
     }
     async fn publish_raw(&self, _key: &str, _payload: &[u8]) -> PortResult<()> {
         Err(PortError::determinate("publish_raw", "not used by the recovery"))
     }
     async fn lag(&self, _group: &str) -> PortResult<u64> {
-        let done = self.turns.take(Call::Bus("lag")).await;
-        let lag = self.topic.lock().expect("topic").visible.len() as u64;
-        let _ = done.send(());
-        Ok(lag)
+        let lag = async { self.topic.lock().expect("topic").visible.len() as u64 };
+        Ok(self.turns.around(Call::Bus("lag"), lag).await)
     }
     async fn dead_letters(&self, from: (u32, u64), limit: usize) -> PortResult<DeadLetterPage> {
         self.unused.dead_letters(from, limit).await
