@@ -150,6 +150,11 @@ pub struct RedisStore {
     /// unit it had sold — what makes Redis hold more than the ledger can sell, exactly, even
     /// where a release lost in the same window makes the stock come back no higher.
     pub lost_reserves: Mutex<BTreeMap<String, String>>,
+    /// Reservations a restart brought back open although they had left the outbox before it
+    /// (the image predates their settle or release), by reservation id, with their `resv` key.
+    /// A released one's unit went back to the stock and may have been sold or transferred since:
+    /// republished or rescued, it asks the ledger for a unit that may be gone.
+    pub revived: Mutex<BTreeMap<String, String>>,
     /// When the nemesis last deleted a key (`RedisKeyLost`): a loss without a restart.
     pub key_lost_at: Mutex<Option<Duration>>,
     /// Every recovery claim Redis granted, in order.
@@ -268,16 +273,22 @@ fn stocks(ks: &Keyspace) -> BTreeMap<String, i64> {
         .collect()
 }
 
-/// Every open reservation id in a keyspace (the `resv` hashes' fields, pending marks aside).
-fn outbox(ks: &Keyspace) -> BTreeSet<String> {
+/// Every open reservation id in a keyspace (the `resv` hashes' fields, pending marks aside),
+/// with its `resv` key.
+fn outbox(ks: &Keyspace) -> BTreeMap<String, String> {
     use seckill_core::adapters::embedded::Value;
     ks.iter()
         .filter(|(k, _)| k.ends_with(b":resv"))
-        .flat_map(|(_, v)| match v {
+        .flat_map(|(k, v)| match v {
             Value::Hash(h) => h
                 .keys()
                 .filter(|f| !f.starts_with(b"pending:"))
-                .map(|f| String::from_utf8_lossy(f).into_owned())
+                .map(|f| {
+                    (
+                        String::from_utf8_lossy(f).into_owned(),
+                        String::from_utf8_lossy(k).into_owned(),
+                    )
+                })
                 .collect(),
             _ => Vec::new(),
         })
@@ -298,6 +309,7 @@ impl RedisStore {
             overstated: Mutex::default(),
             reserved: Mutex::default(),
             lost_reserves: Mutex::default(),
+            revived: Mutex::default(),
             key_lost_at: Mutex::default(),
             claims: Mutex::default(),
             finishes: Mutex::default(),
@@ -400,11 +412,22 @@ pub async fn serve_redis(store: Arc<RedisStore>, faults: Arc<Faults>) {
         drop(overstated);
         let at = faults.elapsed();
         *store.restarted_at.lock().expect("restarted") = Some(at);
+        let left = |from: &BTreeMap<String, String>, to: &BTreeMap<String, String>| {
+            (from.iter())
+                .filter(|(rid, _)| !to.contains_key(*rid))
+                .map(|(rid, key)| (rid.clone(), key.clone()))
+                .collect::<Vec<_>>()
+        };
+        store
+            .revived
+            .lock()
+            .expect("revived")
+            .extend(left(&after, &before));
         store
             .lost_outbox
             .lock()
             .expect("lost outbox")
-            .extend(before.difference(&after).map(|rid| (rid.clone(), at)));
+            .extend(left(&before, &after).into_iter().map(|(rid, _)| (rid, at)));
     }
     let ep = Endpoint::bind(addr(rpc::REDIS)).await.expect("bind redis");
     // Redis executes one command at a time: a slow script blocks everyone behind it.

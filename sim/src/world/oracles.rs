@@ -697,17 +697,16 @@ impl World {
 
     /// R1, bounded failures ([`inv::r1_failed_orders_bounded`]): the orders that failed for want
     /// of a unit (counted as the ledger refused them) against what Redis's restarts gave each
-    /// bucket (counted as they happened).
+    /// bucket (counted as they happened) and the released reservations they revived that the
+    /// ledger never took (a settled one revived is a redelivery: it cannot fail).
     pub(super) fn failed_orders_bounded(&self, db: &seckill_core::ports::LedgerView) -> Vec<inv::Violation> {
-        use seckill_core::adapters::script::stock_key;
+        use seckill_core::adapters::script::{resv_key, stock_key};
         let failed = self.ledger_log.out_of_stock.lock().expect("ledger log").clone();
         let overstated = self.redis.overstated.lock().expect("overstated").clone();
         let lost = self.redis.lost_reserves.lock().expect("lost reserves").clone();
-        let bucket_of: BTreeMap<String, u32> = self
-            .god
-            .plan
-            .all_buckets()
-            .map(|b| (stock_key(ACTIVITY, b), b.0))
+        let revived_rids = self.redis.revived.lock().expect("revived").clone();
+        let bucket_of: BTreeMap<String, u32> = (self.god.plan.all_buckets())
+            .flat_map(|b| [(stock_key(ACTIVITY, b), b.0), (resv_key(ACTIVITY, b), b.0)])
             .collect();
         let per_bucket = |key: &String| bucket_of.get(key).copied();
         let restored: BTreeMap<u32, u64> = (overstated.iter())
@@ -719,7 +718,17 @@ impl World {
                 *sold_twice.entry(b).or_default() += u64::from(o.reservation.qty);
             }
         }
-        inv::r1_failed_orders_bounded(&failed, &restored, &sold_twice)
+        let taken: BTreeSet<String> = (db.orders.iter())
+            .filter(|o| o.status != OrderStatus::Failed)
+            .map(|o| o.reservation.id.to_string())
+            .collect();
+        let mut revived: BTreeMap<u32, u64> = BTreeMap::new();
+        for (_, key) in revived_rids.iter().filter(|(rid, _)| !taken.contains(*rid)) {
+            if let Some(b) = per_bucket(key) {
+                *revived.entry(b).or_default() += 1;
+            }
+        }
+        inv::r1_failed_orders_bounded(&failed, &restored, &sold_twice, &revived)
     }
 
     pub(super) async fn final_checks(&self, drained: bool) {
