@@ -321,6 +321,31 @@ async fn purchase_answers_every_outcome() {
     let request_id = headers["x-request-id"].to_str().unwrap();
     assert!(!request_id.is_empty());
     assert_eq!(body["error"]["request_id"], request_id, "{body}");
+    // A reserve whose reply was lost may have run: the buyer is told its outcome is unknown
+    // (never "nothing was bought"), and the order view shows the reservation it holds.
+    let token = h.token(4, 2).await;
+    h.redis.knob.set(Mode::FailAfter);
+    let (s, body, _) = h.buy_with(4, 2, &json!({ "token": token }).to_string()).await;
+    h.redis.knob.set(Mode::Pass);
+    assert_eq!((s, code(&body)), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+    assert_eq!(
+        body["error"]["message"],
+        seckill_core::service::Unserved::OutcomeUnknown.message(),
+        "{body}"
+    );
+    let (s, body, _) = at(
+        &h,
+        "GET",
+        "/api/v1/activities/4/orders/2",
+        None,
+        &[("authorization", &h.jwt(2))],
+    )
+    .await;
+    assert_eq!(
+        (s, body["state"].as_str()),
+        (StatusCode::OK, Some("queued")),
+        "{body}"
+    );
 }
 
 #[tokio::test]

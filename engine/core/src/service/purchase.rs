@@ -6,9 +6,10 @@
 //! own bucket, then the fallback → publish the order → answer.
 //!
 //! Kept true: a request answered `Queued` has an open reservation in Redis; one answered
-//! anything else moved no stock — except when the reserve's outcome itself is unknown, which is
-//! answered `Unavailable` and left to the reconciler (the reservation may exist and then becomes
-//! an order, or is released).
+//! anything else moved no stock — except when the reserve's outcome itself is unknown (its reply
+//! lost), which is answered `Unavailable` as an unknown outcome and left to the reconciler (the
+//! reservation may exist and then becomes an order): the buyer is never told "nothing was
+//! bought" unless that is certain.
 
 use crate::clock::Clock;
 use crate::domain::{
@@ -385,6 +386,11 @@ impl<C: StockCache, B: OrderBus> PurchaseService<C, B> {
             Ok(ReserveOutcome::Gated(ActivityState::Closed)) => return Ok(PurchaseOutcome::Ended),
             Ok(ReserveOutcome::Gated(state)) => {
                 return Ok(unavailable(Unserved::Held(state), format!("activity is {state}")))
+            }
+            // A lost reply (a timeout, a connection dropped after the script was sent) may hide
+            // a reservation that ran: its outcome is unknown, not "nothing was bought".
+            Err(e) if e.is_indeterminate() => {
+                return Ok(unavailable(Unserved::OutcomeUnknown, format!("stock cache: {e}")))
             }
             Err(e) => return Ok(unavailable(Unserved::StockCache, format!("stock cache: {e}"))),
         };
