@@ -2,10 +2,11 @@
 //! fault points (stalls). They exist to prove that the simulation's checkers can fail: a run
 //! with a bug planted must be caught within a few seeds, and the same seeds must pass without it.
 //!
-//! Only the simulation turns them on (it builds this crate with the `planted` feature). Without
-//! the feature `on` is a constant `false` and every fault point returns at once, so each call
-//! site is plain code beside the code it breaks, with no `cfg` of its own, and costs nothing in
-//! the binary.
+//! The simulation turns them on per thread (it builds this crate with the `planted` feature); the
+//! real-store nemesis per process (`plant_process`: the `seckill` binary built with its own
+//! `planted` feature reads `SECKILL_PLANTED`). Without the feature `on` is a constant `false`
+//! and every fault point returns at once, so each call site is plain code beside the code it
+//! breaks, with no `cfg` of its own, and costs nothing in the binary.
 
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
@@ -142,6 +143,19 @@ thread_local! {
     static FRESH: Cell<u64> = const { Cell::new(0) };
 }
 
+/// The bugs planted in the whole process (`plant_process`), one bit per bug: a real process
+/// runs its tasks on any of its runtime's threads.
+static PROCESS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Plant `bug` in every thread of this process, for good: the real binary under the nemesis.
+/// Refused (false) by a build without the `planted` feature, which must never plant anything.
+pub fn plant_process(bug: Bug) -> bool {
+    if ENABLED {
+        PROCESS.fetch_or(1 << bug as u32, std::sync::atomic::Ordering::Relaxed);
+    }
+    ENABLED
+}
+
 /// Plant exactly `bug` (or none) for runs on this thread.
 pub fn plant(bug: Option<Bug>) {
     PLANTED.with(|p| p.set(bug.map_or(0, |b| 1 << b as u32)));
@@ -160,11 +174,20 @@ pub fn fresh() -> u64 {
 /// Whether `bug` is planted in this run (always `false` without the `planted` feature).
 #[inline]
 pub fn on(bug: Bug) -> bool {
-    ENABLED && PLANTED.with(|p| p.get()) & (1 << bug as u32) != 0
+    ENABLED
+        && (PLANTED.with(|p| p.get()) | PROCESS.load(std::sync::atomic::Ordering::Relaxed))
+            & (1 << bug as u32)
+            != 0
 }
 
 /// Whether this build can plant bugs and stall at fault points at all.
 const ENABLED: bool = cfg!(feature = "planted");
+
+/// Whether this build can plant bugs (the `planted` feature; cargo unifies it into whatever a
+/// workspace-wide build compiles, the simulation asking for it).
+pub const fn enabled() -> bool {
+    ENABLED
+}
 
 thread_local! {
     /// Fault points (stalls) enabled for runs on this thread: the xorshift state of their draws

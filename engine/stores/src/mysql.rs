@@ -20,6 +20,7 @@ use seckill_core::domain::{
     Activity, ActivityId, ActivitySpec, ActivityState, BucketNo, Reservation, ReservationId, StockPlan,
     UserId,
 };
+use seckill_core::planted::{on as planted, Bug};
 use seckill_core::ports::{
     ApplyOutcome, CancelOutcome, Intent, JournalEntry, JournalKind, Ledger, LedgerBucket, LedgerView,
     OrderRow, OrderStatus, PayOutcome, PortError, PortResult, ReconcileView, Registered, Transfer,
@@ -339,6 +340,7 @@ impl MysqlLedger {
         // (an UPDATE of this row) waits for this batch, so its snapshot either holds this order or
         // the order is refused here (DESIGN §11.3).
         let current = generation_shared(tx, r.activity).await?;
+        let current = current.filter(|_| !planted(Bug::NoGenerationCheck));
         if current.is_some_and(|g| r.generation < g) {
             sqlx::query("UPDATE seckill_order SET status = 'failed' WHERE reservation_id = ?")
                 .bind(&id)
@@ -818,7 +820,8 @@ impl MysqlLedger {
             } else if let Some(existing) = live.get(&(r.activity, r.user)) {
                 ApplyOutcome::DuplicateBuyer { existing: *existing }
             } else if let Some(remaining) = stock.get_mut(&(r.activity, r.bucket)) {
-                let stale = generation[&r.activity].is_some_and(|g| r.generation < g);
+                let stale = generation[&r.activity].is_some_and(|g| r.generation < g)
+                    && !planted(Bug::NoGenerationCheck);
                 let outcome = if stale {
                     ApplyOutcome::StaleGeneration
                 } else if *remaining >= r.qty as i64 {
@@ -1036,15 +1039,18 @@ impl Ledger for MysqlLedger {
     async fn bump_generation(&self, id: ActivityId, from: u64) -> PortResult<Option<Intent>> {
         retrying("bump generation", || async {
             let mut tx = self.pool.begin().await?;
-            let bumped = sqlx::query(
-                "UPDATE activity_generation SET generation = generation + 1 \
-                 WHERE activity_id = ? AND generation = ?",
-            )
-            .bind(id.0)
-            .bind(from)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
+            // Planted: the UPDATE without its condition (a late bump moves the generation past
+            // the gates a successor reopened).
+            let unfenced = planted(Bug::UnfencedBump);
+            let condition = if unfenced { "" } else { " AND generation = ?" };
+            let bump = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE activity_generation SET generation = generation + 1 WHERE activity_id = ?{condition}"
+            )))
+            .bind(id.0);
+            let bumped = if unfenced { bump } else { bump.bind(from) }
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
                 == 1;
             let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM {REGISTRY} WHERE id = ?");
             let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))

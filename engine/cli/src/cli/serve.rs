@@ -54,6 +54,27 @@ fn refuse_placeholders(cfg: &seckill_api::config::ServeConfig, s: &RealSettings)
 }
 
 /// `seckill serve`: settings, stores, then the API until SIGTERM or Ctrl-C.
+/// The real-store nemesis plants a named bug (`SECKILL_PLANTED`, comma-separated names of
+/// `seckill_core::planted::Bug`) in a binary built with the `planted` feature, which no release
+/// build enables: any other build refuses the variable instead of running a bug it cannot plant.
+fn plant_from_env() -> Result<(), String> {
+    use seckill_core::planted::{plant_process, Bug};
+    let Ok(names) = std::env::var("SECKILL_PLANTED") else {
+        return Ok(());
+    };
+    for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let bug = Bug::parse(name).ok_or_else(|| {
+            let known: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+            format!("no planted bug named '{name}' (known: {})", known.join(", "))
+        })?;
+        if !plant_process(bug) {
+            return Err("this binary was built without the `planted` feature: it plants nothing".into());
+        }
+        eprintln!("warning: planted bug '{name}' is on: this process is broken on purpose");
+    }
+    Ok(())
+}
+
 pub fn serve(
     config: Option<std::path::PathBuf>,
     listen: Option<std::net::SocketAddr>,
@@ -68,6 +89,10 @@ pub fn serve(
     use seckill_core::clock::Clock;
     use seckill_stores::redis::RedisRateLimiter;
 
+    if let Err(e) = plant_from_env() {
+        eprintln!("error: SECKILL_PLANTED: {e}");
+        return ExitCode::from(2);
+    }
     let text = match &config {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(t) => Some(t),

@@ -576,3 +576,36 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
     );
     assert!(err.contains("(--listen)"), "{err}");
 }
+
+/// `SECKILL_PLANTED` (the real-store nemesis's planted bugs) is refused by a build without the
+/// `planted` feature, naming the variable — a release build, or `-p seckill` alone; a workspace
+/// build has it (the simulation asks for it, cargo unifies it) and warns that the bug is on. An
+/// unknown bug is refused by name either way.
+#[test]
+fn a_planted_bug_is_refused_by_a_build_without_the_feature() {
+    let serve = |planted: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
+            .args(["serve", "--check-config"])
+            .env_clear()
+            .env("SECKILL_PLANTED", planted)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = serve("no_generation_check");
+    if seckill_core::planted::enabled() {
+        assert!(err.contains("planted bug 'no_generation_check' is on"), "{err}");
+    } else {
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains("SECKILL_PLANTED") && err.contains("without the `planted` feature"),
+            "{err}"
+        );
+    }
+    let (code, err) = serve("no_such_bug");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no planted bug named 'no_such_bug'"), "{err}");
+}
