@@ -51,6 +51,9 @@ ci/deploy.sh
 step "the runbook's commands during a sale (docs/operations.md), word for word, on the real stores"
 ci/runbook.sh
 
+step "the real-store nemesis (docs/nemesis.md): replicated stores, 3 api / 2 worker / 2 jobs, seeded faults, 3 minutes, seed 1"
+ci/nemesis.sh --minutes 3 --seed 1
+
 step "clippy (--cfg madsim): the core crate with its planted bugs, and the simulation"
 madsim=(--release --config "build.rustflags=['--cfg','madsim']" --target-dir target/sim)
 cargo clippy -p seckill-core --lib --features planted "${madsim[@]}" -- -D warnings

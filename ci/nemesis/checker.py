@@ -1,0 +1,267 @@
+"""The checker: the invariants of DESIGN §8 from the clients' history, the ledger read with its own
+SQL and Redis read raw — no engine code (the one exception, `seckill audit`, is run as the
+operator would and reported beside the checker's own verdicts, never instead of them).
+
+Each check returns (name, violations, note): a violation is a sentence and, where it concerns
+one user, the slice of the history around it."""
+
+import json
+from collections import defaultdict
+
+import pymysql
+import redis
+
+# A 202 answered this long after it was sent: the publish timed out (the producer's delivery
+# timeout, 3 s) and the reservation lived in Redis's outbox alone until the reconciler
+# republished it — a Redis loss in between can take it (the exact account of DESIGN §8's L1).
+SLOW_202 = 2.9
+
+
+def route(user, n):
+    """The engine's routing of a user to a business bucket (SplitMix64 mix, then a fair
+    multiply-shift): DESIGN §4, reimplemented here from its published definition."""
+    m = (1 << 64) - 1
+    z = (user + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    z ^= z >> 31
+    return (z * n) >> 64
+
+
+class Stores:
+    def __init__(self, mysql_url, redis_nodes):
+        # mysql://user:pass@host:port/db
+        rest = mysql_url.split("://", 1)[1]
+        cred, hostdb = rest.split("@", 1)
+        user, password = cred.split(":", 1)
+        hostport, db = hostdb.split("/", 1)
+        host, port = hostport.split(":")
+        self.sql = dict(host=host, port=int(port), user=user, password=password, database=db.split("?")[0])
+        first = redis_nodes.split(",")[0].split("://")[1]
+        h, p = first.split(":")
+        self.redis = redis.RedisCluster(host=h, port=int(p), decode_responses=True)
+
+    def query(self, q, *args):
+        c = pymysql.connect(**self.sql)
+        try:
+            with c.cursor() as cur:
+                cur.execute(q, args)
+                return cur.fetchall()
+        finally:
+            c.close()
+
+    def ledger(self, activity):
+        total = self.query("SELECT total_stock, bucket_count FROM activity WHERE id=%s", activity)[0]
+        buckets = {b: (i, r) for b, i, r in self.query(
+            "SELECT bucket_no, initial, remaining FROM stock_bucket WHERE activity_id=%s", activity)}
+        orders = [dict(rid=r, user=u, bucket=b, qty=q, status=s, generation=g, created=float(c))
+                  for r, u, b, q, s, g, c in self.query(
+                      "SELECT reservation_id, user_id, bucket_no, qty, status, generation, "
+                      "UNIX_TIMESTAMP(created_at) FROM seckill_order WHERE activity_id=%s", activity)]
+        journal = self.query(
+            "SELECT bucket_no, kind, reference, delta FROM stock_journal WHERE activity_id=%s", activity)
+        return dict(total=total[0], n=total[1], buckets=buckets, orders=orders, journal=journal)
+
+    def generation(self, activity):
+        rows = self.query("SELECT generation FROM activity_generation WHERE activity_id=%s", activity)
+        return rows[0][0] if rows else None
+
+    def cache(self, activity, n):
+        out = {}
+        for b in range(n + 1):
+            k = f"sk:{{{activity}.{b}}}"
+            stock = self.redis.get(f"{k}:stock")
+            out[b] = dict(
+                stock=None if stock is None else int(stock),
+                resv=self.redis.hgetall(f"{k}:resv"),
+                xfer=self.redis.hgetall(f"{k}:xfer"),
+                buyers={int(u) for u in self.redis.smembers(f"{k}:buyers")},
+                gate=self.redis.get(f"{k}:gate"),
+            )
+        return out
+
+
+def slice_of(history, user, around=None, n=12):
+    ops = [o for o in history if o.get("user") == user]
+    return [{k: o.get(k) for k in ("op", "proc", "t0", "t1", "status", "body", "error")} for o in ops[-n:]]
+
+
+def check(activity, history, ledger, cache, losses, audit, metrics, bumps):
+    """Every verdict of one sale: [(name, [violations], note)]. `bumps`: each generation the
+    activity reached, with the first time a poll of the ledger saw it (at or after its commit)."""
+    hist = [o for o in history if o.get("round") == activity]
+    orders = ledger["orders"]
+    live = [o for o in orders if o["status"] in ("created", "paid")]
+    holding = [o for o in orders if o["status"] != "failed"]
+    by_rid = {o["rid"]: o for o in orders}
+    verdicts = []
+
+    # S1: no oversell — in total, per bucket against the journal, and never below zero.
+    v = []
+    sold = sum(o["qty"] for o in live)
+    if sold > ledger["total"]:
+        v.append(f"{sold} units sold of {ledger['total']}")
+    net = defaultdict(int)
+    xfer = defaultdict(int)
+    for b, kind, ref, delta in ledger["journal"]:
+        net[b] += delta
+        if kind == "transfer":
+            xfer[b] += delta
+    for b, (initial, remaining) in ledger["buckets"].items():
+        sold_b = sum(o["qty"] for o in live if o["bucket"] == b)
+        if remaining < 0:
+            v.append(f"bucket {b}: remaining {remaining}")
+        if initial - remaining != sold_b - xfer[b]:
+            v.append(f"bucket {b}: initial {initial} - remaining {remaining} != sold {sold_b} - transfers {xfer[b]}")
+        if net[b] != remaining - initial:
+            v.append(f"bucket {b}: journal sums to {net[b]}, stock moved {remaining - initial}")
+    verdicts.append(("S1 no oversell", v, f"{sold} of {ledger['total']} units sold"))
+
+    # S2: one non-failed order per user.
+    per_user = defaultdict(list)
+    for o in holding:
+        per_user[o["user"]].append(o["rid"])
+    v = [(f"user {u} holds {len(r)} orders: {r}", slice_of(hist, u)) for u, r in per_user.items() if len(r) > 1]
+    verdicts.append(("S2 one order per user", v, f"{len(per_user)} users hold an order"))
+
+    # S3: Redis never negative.
+    v = [f"bucket {b}: stock {c['stock']}" for b, c in cache.items() if c["stock"] is not None and c["stock"] < 0]
+    verdicts.append(("S3 redis stock >= 0", v, ""))
+
+    # S4: an order a user was shown created or paid stays (created, paid or cancelled).
+    v = []
+    shown = {}
+    for o in hist:
+        if o["op"] in ("view", "final") and o.get("status") == 200 and isinstance(o.get("body"), dict):
+            st, rid = o["body"].get("state"), o["body"].get("reservation_id") or o.get("rid")
+            if st in ("created", "paid") and rid:
+                shown[rid] = o["user"]
+    for rid, user in shown.items():
+        o = by_rid.get(rid)
+        if o is None or o["status"] == "failed":
+            v.append((f"user {user} was shown order {rid} created/paid; the ledger has {o and o['status']}",
+                      slice_of(hist, user)))
+    verdicts.append(("S4 no confirmed order lost", v, f"{len(shown)} orders shown created or paid"))
+
+    # The generation fence (DESIGN §11.3): an order reserved under generation g is never created
+    # after the ledger moved past g — its unit was rebuilt into Redis and may be sold again. An
+    # order row takes its created_at before the bump can commit (the bump waits for the order's
+    # lock on the generation), and the poll saw the bump after its commit: sound either way.
+    v = []
+    for o in holding:
+        later = [(g, t) for g, t in bumps.items() if g > o["generation"] and o["created"] > t]
+        if later:
+            g, t = min(later)
+            v.append((f"order {o['rid']} of generation {o['generation']} created "
+                      f"{o['created'] - t:.2f} s after the ledger reached generation {g}", slice_of(hist, o["user"])))
+    verdicts.append(("generation fence", v, f"generations {sorted(bumps)}"))
+
+    # L1: every 202 ends as an order the user sees, or the order view tells the user otherwise.
+    final = {}
+    for o in hist:
+        if o["op"] == "final" and o.get("status") == 200:
+            final[o["user"]] = o["body"]
+    v, excused = [], 0
+    queued = [o for o in hist if o["op"] == "purchase" and o.get("status") == 202]
+    for q in queued:
+        rid, user = q["body"]["reservation_id"], q["user"]
+        f = final.get(user)
+        if f is None:
+            v.append((f"user {user}: no final order view answered", slice_of(hist, user)))
+            continue
+        if f["state"] not in ("none", "queued"):
+            # The order view shows this order's fate, or another order of the user's (a later
+            # purchase after this one failed or was released): either way the user is told.
+            continue
+        slow = q["t1"] - q["t0"] >= SLOW_202
+        if f["state"] == "none" and slow and any(q["t0"] <= t for t in losses):
+            excused += 1
+            continue
+        v.append((f"user {user}: told queued ({rid}); the order view says {f}", slice_of(hist, user)))
+    verdicts.append(("L1 every queued answer resolved", v,
+                     f"{len(queued)} queued; {excused} lost with Redis data after an unknown publish"))
+
+    # S7: a "duplicate" answer was true: the user had tried before in a way that may have
+    # reserved (queued, an unknown outcome, no answer) or holds an order.
+    v = []
+    maybe = defaultdict(list)
+    for o in sorted(hist, key=lambda o: o["t0"]):
+        if o["op"] != "purchase":
+            continue
+        st, body = o.get("status"), o.get("body") or {}
+        code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+        if st == 409 and code == "duplicate":
+            if not maybe[o["user"]] and o["user"] not in per_user:
+                v.append((f"user {o['user']} told duplicate with no earlier attempt that could have reserved "
+                          f"and no order", slice_of(hist, o["user"])))
+        elif st == 202 or st is None or (st == 503 and not any(
+                s in str(body.get("error", {}).get("message", "")) for s in ("paused", "recovering", "not ready"))):
+            maybe[o["user"]].append(o["t0"])
+    verdicts.append(("S7 duplicate answers true", v, ""))
+
+    # Sold out was true: every unit was sold at least once, but for the units of failed orders
+    # (a unit Redis sold twice, a stale generation) — the stated bound.
+    told_sold_out = sum(1 for o in hist if o["op"] in ("purchase", "token") and o.get("status") == 410)
+    ever = sum(o["qty"] for o in holding)
+    failed = sum(1 for o in orders if o["status"] == "failed")
+    v = []
+    if told_sold_out and ever < ledger["total"] - failed:
+        v.append(f"{told_sold_out} answers said sold out, yet only {ever} of {ledger['total']} units were "
+                 f"ever sold (bound: {failed} failed orders)")
+    verdicts.append(("sold-out answers true", v, f"{told_sold_out} sold-out answers; {ever} units sold at least once"))
+
+    # L3: nobody locked out: every buyer mark is a user with a non-failed order.
+    v = []
+    for b, c in cache.items():
+        for u in c["buyers"]:
+            if u not in per_user:
+                v.append((f"bucket {b}: user {u} marked with no order", slice_of(hist, u)))
+    verdicts.append(("L3 nobody locked out", v, ""))
+
+    # R2: every holder of an order is marked where its unit came from and in its own bucket
+    # (the engine's routing, reimplemented: `route`): the mark is what answers "duplicate".
+    v = []
+    for o in holding:
+        for b in {o["bucket"], route(o["user"], ledger["n"])}:
+            if o["user"] not in cache.get(b, {}).get("buyers", set()):
+                v.append((f"user {o['user']} holds order {o['rid']} ({o['status']}) but is not marked in bucket {b}",
+                          slice_of(hist, o["user"])))
+    verdicts.append(("R2 buyers marked", v, ""))
+
+    # R1 per bucket at quiescence, read raw.
+    v = []
+    n = ledger["n"]
+    for b, c in cache.items():
+        initial, _ = ledger["buckets"][b]
+        if c["stock"] is None:
+            v.append(f"bucket {b}: no stock key")
+            continue
+        open_ = sum(int(val.split("|")[1]) for rid, val in c["resv"].items()
+                    if not rid.startswith("pending:") and by_rid.get(rid, {}).get("status") not in ("created", "paid"))
+        sold_b = sum(o["qty"] for o in live if o["bucket"] == b)
+        give = sum(int(val) for k, val in c["xfer"].items() if k.startswith("give:"))
+        take = sum(int(val.split("|")[0]) for k, val in c["xfer"].items() if k.startswith("take:"))
+        total = c["stock"] + open_ + sold_b - give + take
+        if total != initial:
+            v.append(f"bucket {b}: redis {c['stock']} + open {open_} + sold {sold_b} - in {give} + out {take} "
+                     f"= {total}, initial {initial}")
+        still = [r for r in c["resv"] if not r.startswith("pending:")]
+        if still:
+            v.append(f"bucket {b}: {len(still)} reservations still open at quiescence")
+    verdicts.append(("R1 reconciled per bucket", v, f"{n} buckets and the fallback"))
+
+    # The engine's own audit, as an operator runs it.
+    body = (audit or {}).get("body") or {}
+    ok = audit and audit.get("status") == 200 and body.get("verdict") == "ok" and body.get("r1_checked")
+    verdicts.append(("seckill audit clean", [] if ok else [f"audit: {json.dumps(body)[:300]}"],
+                     f"{body.get('units_sold')} units sold, R1 checked" if ok else ""))
+
+    # The engine's metrics against the history: queued answers counted by the API processes.
+    if metrics is not None:
+        lo, hi, counted = metrics
+        told = len(queued)
+        v = [] if lo <= counted <= hi else [
+            f"the API processes counted {counted} queued purchases; the history holds {told} "
+            f"(bounds {lo}..{hi})"]
+        verdicts.append(("metrics agree with history", v, f"{counted} counted, {told} answered"))
+    return verdicts
