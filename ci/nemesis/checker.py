@@ -156,13 +156,33 @@ def check(activity, history, ledger, cache, losses, audit, metrics, bumps):
                       f"{o['created'] - t:.2f} s after the ledger reached generation {g}", slice_of(hist, o["user"])))
     verdicts.append(("generation fence", v, f"generations {sorted(bumps)}"))
 
+    queued = [o for o in hist if o["op"] == "purchase" and o.get("status") == 202]
+
+    # S5: after a pause answered 200, no purchase is queued until a resume is sent (the engine's
+    # promise: once the pause returns, no reserve anywhere succeeds), unless Redis lost data in
+    # between (a failover can take the pause's own gate writes: counted, not excused silently).
+    ops = sorted((o for o in hist if o["op"] in ("pause", "resume")), key=lambda o: o["t0"])
+    held, v, lost = [], [], 0
+    for i, o in enumerate(ops):
+        if o["op"] == "pause" and o.get("status") == 200:
+            resume = next((r["t0"] for r in ops[i + 1:] if r["op"] == "resume"), float("inf"))
+            held.append((o["t1"], resume))
+    for q in queued:
+        for start, end in held:
+            if start < q["t0"] and q["t1"] < end:
+                if any(start <= t <= q["t1"] for t in losses):
+                    lost += 1
+                    continue
+                v.append((f"user {q['user']} told queued {q['t1'] - start:.2f} s after a pause returned, "
+                          "before any resume was sent", slice_of(hist, q["user"])))
+    verdicts.append(("S5 a pause holds", v, f"{len(held)} pauses; {lost} queued answers after a Redis loss during one"))
+
     # L1: every 202 ends as an order the user sees, or the order view tells the user otherwise.
     final = {}
     for o in hist:
         if o["op"] == "final" and o.get("status") == 200:
             final[o["user"]] = o["body"]
     v, excused = [], 0
-    queued = [o for o in hist if o["op"] == "purchase" and o.get("status") == 202]
     for q in queued:
         rid, user = q["body"]["reservation_id"], q["user"]
         f = final.get(user)

@@ -158,6 +158,8 @@ class Nemesis:
                 port = self.master(target)
                 detail = str(port)
                 self.stores.run("redis", "kill", str(port))
+                # Replication is asynchronous: the replica promoted may lack the last writes.
+                self.losses.append(time.time())
                 time.sleep(hold)
                 self.stores.run("redis", "restart", str(port))
             elif kind == "redis_restart_empty":
