@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import hmac
 import json
-import random
 import time
 
 import aiohttp

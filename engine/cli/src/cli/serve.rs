@@ -53,7 +53,6 @@ fn refuse_placeholders(cfg: &seckill_api::config::ServeConfig, s: &RealSettings)
     Ok(())
 }
 
-/// `seckill serve`: settings, stores, then the API until SIGTERM or Ctrl-C.
 /// The real-store nemesis plants a named bug (`SECKILL_PLANTED`, comma-separated names of
 /// `seckill_core::planted::Bug`) in a binary built with the `planted` feature, which no release
 /// build enables: any other build refuses the variable instead of running a bug it cannot plant.
@@ -75,6 +74,7 @@ fn plant_from_env() -> Result<(), String> {
     Ok(())
 }
 
+/// `seckill serve`: settings, stores, then the API until SIGTERM or Ctrl-C.
 pub fn serve(
     config: Option<std::path::PathBuf>,
     listen: Option<std::net::SocketAddr>,
