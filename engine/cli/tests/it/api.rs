@@ -183,6 +183,17 @@ impl Harness {
             .await
     }
 
+    /// A purchase (its token taken first) while every Redis call does what `mode` says.
+    async fn buy_while_redis(&self, a: u64, user: u64, mode: Mode) -> (StatusCode, Value, HeaderMap) {
+        let token = self.token(a, user).await;
+        self.redis.knob.set(mode);
+        let answer = self
+            .buy_with(a, user, &json!({ "token": token }).to_string())
+            .await;
+        self.redis.knob.set(Mode::Pass);
+        answer
+    }
+
     /// A purchase with `body`, as `user`.
     async fn buy_with(&self, a: u64, user: u64, body: &str) -> (StatusCode, Value, HeaderMap) {
         call(
@@ -306,10 +317,7 @@ async fn purchase_answers_every_outcome() {
         "{body}"
     );
     at(&h, "POST", "/api/v1/admin/activities/4/resume", None, &[AUTH]).await;
-    let token = h.token(4, 1).await;
-    h.redis.knob.set(Mode::FailDeterminate);
-    let (s, body, headers) = h.buy_with(4, 1, &json!({ "token": token }).to_string()).await;
-    h.redis.knob.set(Mode::Pass);
+    let (s, body, headers) = h.buy_while_redis(4, 1, Mode::FailDeterminate).await;
     assert_eq!((s, code(&body)), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
     // The buyer is told the public reason alone (the store's error is in the log, under the
     // request id the answer carries).
@@ -323,10 +331,7 @@ async fn purchase_answers_every_outcome() {
     assert_eq!(body["error"]["request_id"], request_id, "{body}");
     // A reserve whose reply was lost may have run: the buyer is told its outcome is unknown
     // (never "nothing was bought"), and the order view shows the reservation it holds.
-    let token = h.token(4, 2).await;
-    h.redis.knob.set(Mode::FailAfter);
-    let (s, body, _) = h.buy_with(4, 2, &json!({ "token": token }).to_string()).await;
-    h.redis.knob.set(Mode::Pass);
+    let (s, body, _) = h.buy_while_redis(4, 2, Mode::FailAfter).await;
     assert_eq!((s, code(&body)), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
     assert_eq!(
         body["error"]["message"],
