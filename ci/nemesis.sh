@@ -10,7 +10,9 @@
 #                 --sale-seconds T]
 #
 # --planted BUG runs a debug build with the `planted` feature (never a release build: its own
-# target dir, target/planted) with SECKILL_PLANTED=BUG in every process: the run must fail.
+# target dir, target/planted) with SECKILL_PLANTED=BUG in every process, and the engine's fault
+# points armed in each (SECKILL_STALLS): the run must fail. --planted none: the same build and
+# fault points, no bug: the run must pass.
 #
 # Output in D/run (D: target/nemesis): report.txt (the verdict per invariant and round, the
 # fault timeline, the time to recover after each fault, how busy the cores were), report.json,
@@ -36,9 +38,10 @@ say "seed $seed, $minutes minutes, state in $dir (replay: ci/nemesis.sh --minute
 
 # What the client, checker and plot need (PyPI), in a venv of their own.
 venv=$repo/target/nemesis-venv
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import aiohttp, redis, pymysql, jwt, matplotlib' 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import aiohttp, redis, pymysql, jwt, matplotlib, confluent_kafka' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q 'aiohttp>=3.9,<4' 'redis>=5,<9' 'pymysql>=1.1,<2' 'pyjwt>=2.8,<3' 'matplotlib>=3.8,<4'
+  "$venv/bin/pip" install -q 'aiohttp>=3.9,<4' 'redis>=5,<9' 'pymysql>=1.1,<2' 'pyjwt>=2.8,<3' 'matplotlib>=3.8,<4' \
+    'confluent-kafka>=2.3,<3'
 fi
 # Clock skew through libfaketime (Debian).
 [ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || {
@@ -49,8 +52,10 @@ command -v iptables >/dev/null || {
 if [ -n "$planted" ]; then
   cargo build -q -p seckill --features planted --bin seckill --target-dir target/planted
   bin=$repo/target/planted/debug/seckill
-  export SECKILL_PLANTED=$planted
-  say "planted: $planted (debug build with the planted feature)"
+  [ "$planted" = none ] || export SECKILL_PLANTED=$planted
+  # run.py gives every process its own seed of the fault points.
+  export SECKILL_NEMESIS_STALLS=1
+  say "planted: $planted (debug build with the planted feature, fault points armed)"
 else
   cargo build --release -q --bin seckill
   bin=$repo/target/release/seckill

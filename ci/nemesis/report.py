@@ -36,7 +36,8 @@ def write(out, args, started, plan, timeline, results, ops, cpu):
     rec = recovery_times(timeline, ops)
     lines = [f"seckill nemesis: seed {args.seed}, {args.minutes} minutes, {len(results)} rounds, "
              f"{args.stock} units and {args.users} buyers a round"
-             + (f", PLANTED {args.planted}" if args.planted else "")]
+             + (f", PLANTED {args.planted}" if args.planted else "")
+             + (", the engine's fault points armed" if args.stalls else "")]
     failed = []
     for r in results:
         lines.append(f"round {r['round']} (sale {r['activity']}):")

@@ -18,6 +18,7 @@ import time
 
 import checker
 import client
+from commits import Commits
 import procs
 import report
 
@@ -39,19 +40,36 @@ FAULTS = {
     "mariadb_kill": (2, (2, 8)),
     "mariadb_pause": (1, (2, 6)),
     "clock_skew": (1, (5, 15)),
+    # Aimed at the windows a recovery opens (see Nemesis.zombie_api and zombie_jobs): the hold is
+    # how long the shard stays down, and how far into its recovery the claimant is frozen.
+    "zombie_api": (2, (1, 3)),
+    "zombie_jobs": (2, (0, 5)),
+    # A worker killed while its batch waits on a stopped MariaDB: the hold is how long MariaDB
+    # stays stopped after the kill.
+    "worker_mid_batch": (2, (2, 6)),
 }
+# The engine's long fault points (seckill_core::planted::Site), for --planted runs.
+LONG_STALLS = ["recovery_close", "recovery_bump", "recovery_rebuild", "recovery_reopen", "recovery_finish",
+               "rebalance_look", "rebalance_take"]
 PAUSE_HOLD = {"api": (4, 8), "worker": (7, 10), "jobs": (21, 25)}
 STORE_OF = {"redis": None, "kafka": [19092, 19093, 19094], "mariadb": [3307]}
 
 
-def group(kind, target):
+def groups(kind, target, topology):
     """Faults of one group never overlap: one store's (two Kafka brokers down halts every
     publish; both nodes of a Redis shard down is `redis_restart_empty`'s job), or one process's
-    kills, pauses and restarts (a network fault may overlap them)."""
+    kills, pauses and restarts (a network fault may overlap them). A zombie fault holds Redis and
+    its processes (every jobs runner: it decides which one recovers)."""
     store = kind.split("_")[0]
     if store in ("redis", "kafka", "mariadb"):
-        return store
-    return target.split("@")[0] if kind in ("proc_kill", "proc_pause", "clock_skew") else None
+        return {store}
+    if kind == "zombie_api":
+        return {"redis", target.split("~")[0]}
+    if kind == "worker_mid_batch":
+        return {"mariadb", target}
+    if kind == "zombie_jobs":
+        return {"redis"} | {p.name for p in topology.of("jobs")}
+    return {target.split("@")[0]} if kind in ("proc_kill", "proc_pause", "clock_skew") else set()
 
 
 def schedule(seed, rounds, active, topology):
@@ -64,7 +82,9 @@ def schedule(seed, rounds, active, topology):
         t, busy = rng.uniform(1, 3), {}
         while t < active:
             kind = rng.choices(kinds, weights)[0]
-            if kind in ("proc_kill", "proc_pause", "net_partition", "net_reset", "clock_skew"):
+            if kind == "worker_mid_batch":
+                target, hold = rng.choice(topology.of("worker")).name, rng.uniform(*FAULTS[kind][1])
+            elif kind in ("proc_kill", "proc_pause", "net_partition", "net_reset", "clock_skew"):
                 p = rng.choice(topology.procs)
                 target = p.name
                 if kind == "proc_pause":
@@ -76,6 +96,10 @@ def schedule(seed, rounds, active, topology):
                     hold = rng.uniform(*FAULTS[kind][1])
                 if kind == "clock_skew":
                     target = f"{p.name}@{rng.choice([-1, 1]) * rng.randint(2, 20)}s"
+            elif kind.startswith("zombie"):
+                role = kind.split("_")[1]
+                target = f"{rng.choice(topology.of(role)).name}~master#{rng.randrange(3)}"
+                hold = rng.uniform(*FAULTS[kind][1])
             elif kind.startswith("redis"):
                 target, hold = f"master#{rng.randrange(3)}", rng.uniform(*FAULTS[kind][1])
             elif kind.startswith("kafka"):
@@ -84,12 +108,13 @@ def schedule(seed, rounds, active, topology):
                 hold = rng.uniform(*FAULTS[kind][1])
             else:
                 target, hold = "mariadb", rng.uniform(*FAULTS[kind][1])
-            g = group(kind, target)
-            if g and busy.get(g, 0) > t:
+            gs = groups(kind, target, topology)
+            if any(busy.get(g, 0) > t for g in gs):
                 t += rng.expovariate(1 / 2.5)
                 continue
-            if g:
-                busy[g] = t + hold + 3
+            # A zombie fault lasts until a recovery finished (up to about 50 s), not its hold.
+            for g in gs:
+                busy[g] = t + (50 if kind.startswith("zombie") else hold + 3)
             out.append(dict(round=r, at=round(t, 2), kind=kind, target=target, hold=round(hold, 2)))
             t += rng.expovariate(1 / 4.0)
     return out
@@ -98,8 +123,10 @@ def schedule(seed, rounds, active, topology):
 class Nemesis:
     """Injects the faults, records when each began and ended, and heals."""
 
-    def __init__(self, stores, topology, net, event):
+    def __init__(self, stores, topology, net, event, db, buckets):
         self.stores, self.topology, self.net, self.event = stores, topology, net, event
+        self.db, self.buckets = db, buckets  # the raw reads the zombie faults aim by
+        self.activity = None  # the round's sale
         self.timeline = []  # {kind, target, t0, t1}
         self.losses = []  # times Redis may have lost acknowledged writes
         self.kills = []  # (proc name, time)
@@ -114,6 +141,86 @@ class Nemesis:
     def master(self, target):
         masters = self.stores.redis_masters()
         return masters[int(target.split("#")[1]) % len(masters)]
+
+    def generation(self):
+        """The ledger's generation of the round's sale (-1: not known now, MariaDB down)."""
+        try:
+            g = self.db.generation(self.activity)
+        except Exception:
+            return -1
+        return -1 if g is None else g
+
+    def recovering(self):
+        """Whether a recovery claim holds a gate of the round's sale closed now."""
+        return any(g and g["state"] == "recovering" for g in self.db.gates(self.activity, self.buckets).values())
+
+    @staticmethod
+    def wait_for(cond, seconds):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if cond():
+                return True
+            time.sleep(0.2)
+        return False
+
+    def restart_empty(self, target, hold):
+        """A shard's master and its replica killed and started again empty, `hold` seconds later."""
+        port = self.master(target)
+        replica = self.stores.run("redis", "replica-of", str(port))
+        self.stores.run("redis", "kill", replica)
+        self.stores.run("redis", "kill", str(port))
+        self.losses.append(time.time())
+        time.sleep(hold)
+        self.stores.run("redis", "restart", str(port))
+        self.stores.run("redis", "restart", replica)
+        return f"{port} and its replica {replica} restarted empty"
+
+    def zombie_api(self, p, master, hold):
+        """An API process frozen mid-sale (reserve replies waiting in its sockets) across a
+        shard's loss and the whole recovery after it, then thawed: it publishes reservations of
+        the generation the recovery ended — the ledger must refuse them (DESIGN §11.3)."""
+        g0 = self.generation()
+        p.signal(signal.SIGSTOP)
+        try:
+            time.sleep(0.2)
+            if g0 < 0:
+                self.wait_for(lambda: self.generation() >= 0, 10)
+                g0 = self.generation()
+            detail = self.restart_empty(master, hold)
+            bumped = self.wait_for(lambda: self.generation() > g0 >= 0, 45)
+            return f"{detail}; thawed at generation {self.generation()} (from {g0}{'' if bumped else ', not moved in 45 s'})"
+        finally:
+            p.signal(signal.SIGCONT)
+
+    def zombie_jobs(self, a, master, hold):
+        """A jobs runner frozen in the middle of its recovery past its lease, then thawed once
+        its successor finished: it resumes at whatever step the freeze caught it (waiting out
+        the publish window, rescuing, bumping, rebuilding, reopening) — the fences must stop it.
+        The other runners are held stopped until it claimed, so that the claimant is `a`."""
+        others = [p for p in self.topology.of("jobs") if p is not a]
+        for p in others:
+            p.signal(signal.SIGSTOP)
+        frozen = False
+        try:
+            detail = self.restart_empty(master, 1.0)
+            if not self.wait_for(self.recovering, 30):
+                return f"{detail}; no recovery claimed within 30 s"
+            g1 = self.generation()  # read while the claimant waits out the publish window
+            time.sleep(hold)
+            if not self.recovering():
+                return f"{detail}; the recovery finished within {hold:.1f} s, before the freeze"
+            a.signal(signal.SIGSTOP)
+            frozen = True
+            for p in others:
+                p.signal(signal.SIGCONT)
+            # Its successor takes the claim over once the lease ran out (20 s), then recovers.
+            done = self.wait_for(lambda: self.generation() > max(g1, 0) and not self.recovering(), 50)
+            return (f"{detail}; {a.name} frozen {hold:.1f} s into its recovery, thawed "
+                    f"{'after its successor recovered' if done else 'with no successor done in 50 s'} "
+                    f"(generation {g1} -> {self.generation()})")
+        finally:
+            for p in others + ([a] if frozen else []):
+                p.signal(signal.SIGCONT)
 
     def run(self, f):
         """One fault, start to end (blocking: each runs on its own thread)."""
@@ -163,15 +270,18 @@ class Nemesis:
                 time.sleep(hold)
                 self.stores.run("redis", "restart", str(port))
             elif kind == "redis_restart_empty":
-                port = self.master(target)
-                replica = self.stores.run("redis", "replica-of", str(port))
-                detail = f"{port} and its replica {replica}"
-                self.stores.run("redis", "kill", replica)
-                self.stores.run("redis", "kill", str(port))
-                self.losses.append(time.time())
-                time.sleep(hold)
-                self.stores.run("redis", "restart", str(port))
-                self.stores.run("redis", "restart", replica)
+                detail = self.restart_empty(target, hold)
+            elif kind in ("zombie_api", "zombie_jobs"):
+                name, master = target.split("~")
+                procs_ = [self.proc(name)] + (self.topology.of("jobs") if kind == "zombie_jobs" else [])
+                for p in procs_:
+                    p.held = True
+                try:
+                    zombie = self.zombie_api if kind == "zombie_api" else self.zombie_jobs
+                    detail = zombie(self.proc(name), master, hold)
+                finally:
+                    for p in procs_:
+                        p.held = False
             elif kind in ("kafka_kill", "kafka_pause"):
                 what, n = target.split("#")
                 node = (self.stores.run("kafka", "leader", "seckill.orders", n) if what == "leader" else n)
@@ -184,6 +294,22 @@ class Nemesis:
                     self.stores.run("kafka", "pause", node)
                     time.sleep(hold)
                     self.stores.run("kafka", "resume", node)
+            elif kind == "worker_mid_batch":
+                p = self.proc(target)
+                p.held = True
+                self.stores.run("mariadb", "pause")
+                try:
+                    # Its batches meanwhile polled (and, were it committing before applying,
+                    # committed) wait on MariaDB: the kill takes them mid-apply.
+                    time.sleep(1.5)
+                    p.kill()
+                    self.kills.append((p.name, time.time()))
+                    time.sleep(hold)
+                finally:
+                    self.stores.run("mariadb", "resume")
+                    time.sleep(1)
+                    p.held = False
+                    p.start()
             elif kind == "mariadb_kill":
                 self.stores.run("mariadb", "kill")
                 time.sleep(hold)
@@ -307,6 +433,7 @@ def main():
     ap.add_argument("--sale-seconds", type=float, default=30)
     args = ap.parse_args()
     args.planted = os.environ.get("SECKILL_PLANTED")
+    args.stalls = os.environ.get("SECKILL_NEMESIS_STALLS") == "1"
 
     here = os.path.dirname(os.path.abspath(__file__))
     out = os.path.join(args.dir, "run")
@@ -336,16 +463,29 @@ def main():
         SECKILL_JWT_SECRET=cfg["jwt_secret"], SECKILL_JWT_AUDIENCE=cfg["audience"],
         SECKILL_PAYMENT_SECRET=cfg["payment_secret"], SECKILL_LOG="warn",
     )
-    for k in ("REDIS_URL", "SECKILL_REQUIRE_SERVICES"):
+    for k in ("REDIS_URL", "SECKILL_REQUIRE_SERVICES", "SECKILL_NEMESIS_STALLS"):
         env.pop(k, None)
     topology = procs.Topology(args.bin, env, os.path.join(out, "logs"))
+    if args.stalls:
+        # The engine's fault points (DESIGN §9 v2), armed in each process with a seed of its own:
+        # it pauses itself exactly where a pause hurts most, which no signal from outside can aim
+        # at. Of the long ones (far past the recovery lease, once per process), one site per jobs
+        # runner: more would keep every recovery waiting out one after another.
+        for i, p in enumerate(topology.procs):
+            seed = args.seed * 100 + i
+            site = random.Random(seed).choice(LONG_STALLS) if p.role == "jobs" else ""
+            p.env = dict(env, SECKILL_STALLS=f"{seed}:{site}")
+            event(f"{p.name}: SECKILL_STALLS={p.env['SECKILL_STALLS']}")
     net = procs.Net()
-    nemesis = Nemesis(stores, topology, net, event)
+    # Raw reads of their own for the nemesis and the watcher below (each on its own threads).
+    nemesis = Nemesis(stores, topology, net, event, checker.Stores(stores.mariadb_url(), stores.redis_nodes()),
+                      args.buckets)
     rng = random.Random(args.seed)
     history = client.History(os.path.join(out, "history.jsonl"))
     open(history.path, "w").close()
     buyer = client.Client(cfg, topology, history, rng)
     db = checker.Stores(stores.mariadb_url(), stores.redis_nodes())
+    watch_db = checker.Stores(stores.mariadb_url(), stores.redis_nodes())
 
     # Each round: a sale with faults through it (active), then the heal and the settle (a round
     # takes about active + 25 s). The schedule covers as many rounds as could fit; a round starts
@@ -356,6 +496,8 @@ def main():
     plan = schedule(args.seed, rounds, active, topology)
     if args.planted:
         event(f"PLANTED: {args.planted} (every process): this run must fail")
+    if args.stalls:
+        event("the engine's fault points are armed in every process (SECKILL_STALLS)")
     event(f"seed {args.seed}: up to {rounds} rounds of {active:.0f} s under faults; schedule:")
     for f in plan:
         event(f"  round {f['round']} +{f['at']:6.2f}s {f['kind']:<24} {f['target']:<22} hold {f['hold']:.2f}s")
@@ -364,6 +506,10 @@ def main():
     threading.Thread(target=cpu_sampler, args=(cpu, stop_cpu), daemon=True).start()
     event("starting the engine: 3 api, 2 worker, 2 jobs")
     topology.start()
+    # The consumer's commits against the ledger, watched live (the engine created the topic).
+    commits = Commits(stores.kafka_brokers(), env["SECKILL_TOPIC"],
+                      checker.Stores(stores.mariadb_url(), stores.redis_nodes()))
+    commits.start()
     scraper = Scraper(topology)
     threading.Thread(target=scraper.loop, daemon=True).start()
     supervising = threading.Event()
@@ -385,22 +531,37 @@ def main():
         spec = dict(id=activity, total_stock=args.stock, buckets=args.buckets, fallback_pct=10,
                     start_ms=now_ms, end_ms=now_ms + int((active + 30) * 1000),
                     pay_timeout_ms=8000, unit_price_minor=cfg["price"])
-        users = [rng.randrange(1, 1 << 40) for _ in range(args.users)]
+        # Every other round is skewed: 60% of the buyers route to two buckets (the engine's
+        # routing, reimplemented by the checker), so that the rebalancer moves stock all sale long.
+        hot = (0, 1) if r % 2 else ()
+        users = []
+        while len(users) < args.users:
+            u = rng.randrange(1, 1 << 40)
+            if not hot or rng.random() >= 0.6 or checker.route(u, args.buckets) in hot:
+                users.append(u)
         scraper.round_start()
-        nemesis.kills = []
+        nemesis.kills, nemesis.activity = [], activity
         round_start = time.time()
-        event(f"round {r}: sale {activity}, {args.stock} units, {len(users)} buyers")
-        bumps, watching = {}, threading.Event()
+        event(f"round {r}: sale {activity}, {args.stock} units, {len(users)} buyers"
+              + (f", 60% routed to buckets {hot}" if hot else ""))
+        bumps, gates_seen, watching = {}, [], threading.Event()
 
-        def watch_generation(activity=activity, bumps=bumps, watching=watching):
-            # Each generation the ledger reaches, first seen (its own SQL, twice a second).
+        def watch_generation(activity=activity, bumps=bumps, gates_seen=gates_seen, watching=watching):
+            # Twice a second, its own SQL and raw Redis: each generation the ledger reaches, first
+            # seen, and every open gate of another generation than the ledger's (S6; the ledger
+            # read before and after the gates and unchanged, so that a bump in between is no
+            # finding: the generation only grows).
             while not watching.is_set():
                 try:
-                    g = db.generation(activity)
+                    g = watch_db.generation(activity)
                     if g is not None:
                         bumps.setdefault(g, time.time())
+                        gates = watch_db.gates(activity, args.buckets)
+                        if watch_db.generation(activity) == g:
+                            gates_seen += [(time.time(), b, x["generation"], g) for b, x in gates.items()
+                                           if x and x["state"] == "open" and x["generation"] != g]
                 except Exception:
-                    pass  # MariaDB down: the nemesis's doing
+                    pass  # MariaDB or a Redis shard down: the nemesis's doing
                 time.sleep(0.5)
         threading.Thread(target=watch_generation, daemon=True).start()
         timers = [threading.Timer(f["at"], nemesis.run, args=(f,)) for f in plan if f["round"] == r]
@@ -434,7 +595,8 @@ def main():
         cache = db.cache(activity, ledger["n"])
         metrics = scraper.bounds(hist, nemesis.kills, round_start)
         watching.set()
-        verdicts = checker.check(activity, history.ops, ledger, cache, nemesis.losses, audit, metrics, bumps)
+        watched = dict(bumps=bumps, gates=gates_seen, generation=db.generation(activity), commits=commits)
+        verdicts = checker.check(activity, history.ops, ledger, cache, nemesis.losses, audit, metrics, watched)
         if not settled:
             verdicts.append(("settled after the heal", ["no quiescence within 150 s"], ""))
         results.append(dict(round=r, activity=activity, t0=round_start, t1=time.time(), verdicts=verdicts))
@@ -447,6 +609,7 @@ def main():
                         event(f"      {json.dumps(op)[:240]}")
 
     supervising.set()
+    commits.stop.set()
     scraper.stop = True
     stop_cpu.set()
     history.write()

@@ -3,13 +3,15 @@
 //! with a bug planted must be caught within a few seeds, and the same seeds must pass without it.
 //!
 //! The simulation turns them on per thread (it builds this crate with the `planted` feature); the
-//! real-store nemesis per process (`plant_process`: the `seckill` binary built with its own
-//! `planted` feature reads `SECKILL_PLANTED`). Without the feature `on` is a constant `false`
+//! real-store nemesis per process (`plant_process` and `stall_process`: the `seckill` binary
+//! built with its own `planted` feature reads `SECKILL_PLANTED` and `SECKILL_STALLS`). Without
+//! the feature `on` is a constant `false`
 //! and every fault point returns at once, so each call site is plain code beside the code it
 //! breaks, with no `cfg` of its own, and costs nothing in the binary.
 
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -145,13 +147,13 @@ thread_local! {
 
 /// The bugs planted in the whole process (`plant_process`), one bit per bug: a real process
 /// runs its tasks on any of its runtime's threads.
-static PROCESS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static PROCESS: AtomicU32 = AtomicU32::new(0);
 
 /// Plant `bug` in every thread of this process, for good: the real binary under the nemesis.
 /// Refused (false) by a build without the `planted` feature, which must never plant anything.
 pub fn plant_process(bug: Bug) -> bool {
     if ENABLED {
-        PROCESS.fetch_or(1 << bug as u32, std::sync::atomic::Ordering::Relaxed);
+        PROCESS.fetch_or(1 << bug as u32, Ordering::Relaxed);
     }
     ENABLED
 }
@@ -174,10 +176,7 @@ pub fn fresh() -> u64 {
 /// Whether `bug` is planted in this run (always `false` without the `planted` feature).
 #[inline]
 pub fn on(bug: Bug) -> bool {
-    ENABLED
-        && (PLANTED.with(|p| p.get()) | PROCESS.load(std::sync::atomic::Ordering::Relaxed))
-            & (1 << bug as u32)
-            != 0
+    ENABLED && (PLANTED.with(|p| p.get()) | PROCESS.load(Ordering::Relaxed)) & (1 << bug as u32) != 0
 }
 
 /// Whether this build can plant bugs and stall at fault points at all.
@@ -234,6 +233,16 @@ pub enum Site {
 }
 
 impl Site {
+    pub const ALL: [Site; 7] = [
+        Site::RecoveryRebuild,
+        Site::RecoveryReopen,
+        Site::RebalanceTake,
+        Site::RecoveryBump,
+        Site::RecoveryFinish,
+        Site::RecoveryClose,
+        Site::RebalanceLook,
+    ];
+
     /// The site's name: its variant's, in snake_case.
     pub const fn name(self) -> &'static str {
         match self {
@@ -288,18 +297,53 @@ pub fn stop_stalls(keep: u64) {
     FIRED.with(|f| f.set(f.get() | !keep));
 }
 
+/// The fault points armed in the whole process (`stall_process`): the xorshift state of their
+/// draws (0: off), shared by every thread of a real process's runtime. Used where the thread's
+/// own (`STALLS`, the simulation's) are off.
+static PROCESS_STALLS: AtomicU64 = AtomicU64::new(0);
+/// The long fault points that fired in this process (one bit per site).
+static PROCESS_FIRED: AtomicU64 = AtomicU64::new(0);
+
+/// Arm the fault points in this process for good, drawing from `seed`: the short ones all, of
+/// the long ones (`stall_once`, each firing at most once per process) the sites in the mask
+/// `long` (`Site::bit`s) — the real binary under the nemesis pauses itself exactly where a pause
+/// hurts most, which no signal from outside can aim at. Refused (false) by a build without the
+/// `planted` feature.
+pub fn stall_process(seed: u64, long: u64) -> bool {
+    if ENABLED {
+        PROCESS_FIRED.store(!long, Ordering::Relaxed);
+        PROCESS_STALLS.store(seed | 1, Ordering::Relaxed);
+    }
+    ENABLED
+}
+
+fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
+/// Whether this thread's runs draw from the process's fault points (`stall_process`), not the
+/// simulation's.
+fn process_wide() -> bool {
+    STALLS.with(|s| s.get()) == 0
+}
+
 fn draw() -> Option<u64> {
     if !ENABLED {
         return None;
     }
+    if process_wide() {
+        let prev = PROCESS_STALLS
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+                (x != 0).then(|| xorshift(x))
+            })
+            .ok()?;
+        return Some(xorshift(prev));
+    }
     STALLS.with(|s| {
-        let mut x = s.get();
-        if x == 0 {
-            return None;
-        }
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = xorshift(s.get());
         s.set(x);
         Some(x)
     })
@@ -334,9 +378,14 @@ async fn sleep_drawn_from(x: u64, floor: std::time::Duration, max: std::time::Du
     }
     let floor_ms = floor.as_millis() as u64;
     let ms = floor_ms + (x >> 20) % (max.as_millis() as u64).saturating_sub(floor_ms).max(1);
+    let sleep = tokio::time::sleep(std::time::Duration::from_millis(ms));
+    if process_wide() {
+        // A real process: its tasks move between threads, and nobody waits the sleepers out.
+        return sleep.await;
+    }
     STALLED.with(|s| s.set(s.get() + 1));
     let _asleep = Asleep;
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    sleep.await;
 }
 
 /// A long fault point: like `stall`, but it fires at most once per run at `site` — a
@@ -382,14 +431,27 @@ pub fn wake(site: Site) {
 /// Whether the long fault point `site` fires now (at most once per run, one call in `one_in`):
 /// the draw that sizes its sleep, after the simulation was told (`on_long_stall`).
 fn fire_once(site: Site, one_in: u64) -> Option<u64> {
-    if !ENABLED || FIRED.with(|f| f.get()) & site.bit() != 0 {
+    let process = process_wide();
+    let fired = if process {
+        PROCESS_FIRED.load(Ordering::Relaxed)
+    } else {
+        FIRED.with(|f| f.get())
+    };
+    if !ENABLED || fired & site.bit() != 0 {
         return None;
     }
     let x = draw()?;
     if x % one_in != 0 {
         return None;
     }
-    FIRED.with(|f| f.set(f.get() | site.bit()));
+    if process {
+        // Two tasks may race to the same site: one fires.
+        if PROCESS_FIRED.fetch_or(site.bit(), Ordering::Relaxed) & site.bit() != 0 {
+            return None;
+        }
+    } else {
+        FIRED.with(|f| f.set(f.get() | site.bit()));
+    }
     ON_LONG_STALL.with(|h| h.borrow().as_ref().map(|f| f(site)));
     Some(x)
 }

@@ -54,22 +54,55 @@ fn refuse_placeholders(cfg: &seckill_api::config::ServeConfig, s: &RealSettings)
 }
 
 /// The real-store nemesis plants a named bug (`SECKILL_PLANTED`, comma-separated names of
-/// `seckill_core::planted::Bug`) in a binary built with the `planted` feature, which no release
-/// build enables: any other build refuses the variable instead of running a bug it cannot plant.
+/// `seckill_core::planted::Bug`) and arms the engine's fault points (`SECKILL_STALLS`:
+/// `<seed>[:<site>,…]`, the seed of their draws and the long ones armed, by name) in a binary
+/// built with the `planted` feature, which no release build enables: any other build refuses
+/// either variable instead of running a bug it cannot plant. The error names the variable.
 fn plant_from_env() -> Result<(), String> {
-    use seckill_core::planted::{plant_process, Bug};
-    let Ok(names) = std::env::var("SECKILL_PLANTED") else {
-        return Ok(());
-    };
-    for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        let bug = Bug::parse(name).ok_or_else(|| {
-            let known: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
-            format!("no planted bug named '{name}' (known: {})", known.join(", "))
+    use seckill_core::planted::{plant_process, stall_process, Bug, Site};
+    const NOT_PLANTED: &str = "this binary was built without the `planted` feature: it plants nothing";
+    /// The comma-separated names in `list`, each one of `all` by `name`; the error names the
+    /// variable, what it is and every known name.
+    fn named<T: Copy>(
+        var: &str,
+        what: &str,
+        list: &str,
+        all: &[T],
+        name: fn(T) -> &'static str,
+    ) -> Result<Vec<T>, String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(|n| {
+                all.iter().copied().find(|x| name(*x) == n).ok_or_else(|| {
+                    let known: Vec<&str> = all.iter().map(|x| name(*x)).collect();
+                    format!("{var}: no {what} named '{n}' (known: {})", known.join(", "))
+                })
+            })
+            .collect()
+    }
+    if let Ok(value) = std::env::var("SECKILL_STALLS") {
+        let (seed, sites) = value.split_once(':').unwrap_or((&value, ""));
+        let seed: u64 = seed.trim().parse().map_err(|_| {
+            format!("SECKILL_STALLS: expected <seed>[:<site>,...] with an integer seed, got '{value}'")
         })?;
-        if !plant_process(bug) {
-            return Err("this binary was built without the `planted` feature: it plants nothing".into());
+        let long = named("SECKILL_STALLS", "fault point", sites, &Site::ALL, Site::name)?
+            .into_iter()
+            .fold(0, |mask, site| mask | site.bit());
+        if !stall_process(seed, long) {
+            return Err(format!("SECKILL_STALLS: {NOT_PLANTED}"));
         }
-        eprintln!("warning: planted bug '{name}' is on: this process is broken on purpose");
+        eprintln!("warning: the engine's fault points are armed (seed {seed}, long: '{sites}'): this process stalls on purpose");
+    }
+    let names = std::env::var("SECKILL_PLANTED").unwrap_or_default();
+    for bug in named("SECKILL_PLANTED", "planted bug", &names, &Bug::ALL, Bug::name)? {
+        if !plant_process(bug) {
+            return Err(format!("SECKILL_PLANTED: {NOT_PLANTED}"));
+        }
+        eprintln!(
+            "warning: planted bug '{}' is on: this process is broken on purpose",
+            bug.name()
+        );
     }
     Ok(())
 }
@@ -90,7 +123,7 @@ pub fn serve(
     use seckill_stores::redis::RedisRateLimiter;
 
     if let Err(e) = plant_from_env() {
-        eprintln!("error: SECKILL_PLANTED: {e}");
+        eprintln!("error: {e}");
         return ExitCode::from(2);
     }
     let text = match &config {

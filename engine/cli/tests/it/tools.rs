@@ -577,17 +577,18 @@ fn the_systemd_units_and_their_settings_pass_check_config() {
     assert!(err.contains("(--listen)"), "{err}");
 }
 
-/// `SECKILL_PLANTED` (the real-store nemesis's planted bugs) is refused by a build without the
-/// `planted` feature, naming the variable — a release build, or `-p seckill` alone; a workspace
-/// build has it (the simulation asks for it, cargo unifies it) and warns that the bug is on. An
-/// unknown bug is refused by name either way.
+/// `SECKILL_PLANTED` and `SECKILL_STALLS` (the real-store nemesis's planted bugs and fault
+/// points) are refused by a build without the `planted` feature, naming the variable — a release
+/// build, or `-p seckill` alone; a workspace build has it (the simulation asks for it, cargo
+/// unifies it) and warns that the bug is on. An unknown bug, or a seed that is no number, is
+/// refused by name either way.
 #[test]
 fn a_planted_bug_is_refused_by_a_build_without_the_feature() {
-    let serve = |planted: &str| {
+    let run = |var: &str, value: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_seckill"))
             .args(["serve", "--check-config"])
             .env_clear()
-            .env("SECKILL_PLANTED", planted)
+            .env(var, value)
             .output()
             .unwrap();
         (
@@ -595,6 +596,7 @@ fn a_planted_bug_is_refused_by_a_build_without_the_feature() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    let serve = |planted: &str| run("SECKILL_PLANTED", planted);
     let (code, err) = serve("no_generation_check");
     if seckill_core::planted::enabled() {
         assert!(err.contains("planted bug 'no_generation_check' is on"), "{err}");
@@ -607,5 +609,34 @@ fn a_planted_bug_is_refused_by_a_build_without_the_feature() {
     }
     let (code, err) = serve("no_such_bug");
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("no planted bug named 'no_such_bug'"), "{err}");
+    assert!(
+        err.contains("SECKILL_PLANTED: no planted bug named 'no_such_bug'"),
+        "{err}"
+    );
+
+    let (code, err) = run("SECKILL_STALLS", "7:recovery_bump");
+    if seckill_core::planted::enabled() {
+        assert!(
+            err.contains("fault points are armed (seed 7, long: 'recovery_bump')"),
+            "{err}"
+        );
+    } else {
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains("SECKILL_STALLS: this binary was built without the `planted` feature"),
+            "{err}"
+        );
+    }
+    let (code, err) = run("SECKILL_STALLS", "soon");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("SECKILL_STALLS: expected <seed>[:<site>,...]"),
+        "{err}"
+    );
+    let (code, err) = run("SECKILL_STALLS", "7:recovery_nap");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("SECKILL_STALLS: no fault point named 'recovery_nap'"),
+        "{err}"
+    );
 }
