@@ -6,8 +6,13 @@
 # records every request and answer, a seeded schedule of overlapping faults, and a checker that
 # reads only the history, its own SQL and raw Redis.
 #
-#   ci/nemesis.sh --minutes N --seed S [--dir D] [--planted BUG] [--stock U --users B --buckets K
-#                 --sale-seconds T]
+#   ci/nemesis.sh --minutes N --seed S [--dir D] [--planted BUG [--long-stall SITE]] [--aim FAULT]
+#                 [--stock U --users B --buckets K --sale-seconds T]
+#
+# --aim FAULT begins every round with that fault (the others drawn as usual), and --long-stall
+# SITE arms that long fault point in the first jobs runner and none in the others (else one
+# drawn for each), so that the others take over from it: a test of the one window a planted bug
+# needs.
 #
 # --planted BUG runs a debug build with the `planted` feature (never a release build: its own
 # target dir, target/planted) with SECKILL_PLANTED=BUG in every process, and the engine's fault
@@ -28,7 +33,7 @@ while [ $# -gt 0 ]; do
     --seed) seed=$2; shift 2 ;;
     --dir) dir=$(realpath -m "$2"); shift 2 ;;
     --planted) planted=$2; shift 2 ;;
-    --stock | --users | --buckets | --sale-seconds) pass+=("$1" "$2"); shift 2 ;;
+    --stock | --users | --buckets | --sale-seconds | --aim | --long-stall) pass+=("$1" "$2"); shift 2 ;;
     *) echo "ci/nemesis.sh: unknown argument '$1' (see the header of ci/nemesis.sh)" >&2; exit 2 ;;
   esac
 done

@@ -37,6 +37,8 @@ class Stores:
         hostport, db = hostdb.split("/", 1)
         host, port = hostport.split(":")
         self.sql = dict(host=host, port=int(port), user=user, password=password, database=db.split("?")[0])
+        if redis_nodes is None:  # SQL only
+            return
         first = redis_nodes.split(",")[0].split("://")[1]
         h, p = first.split(":")
         # Short timeouts: a shard down (the nemesis's doing) must not hold a poll for long.
@@ -117,7 +119,7 @@ def check(activity, history, ledger, cache, losses, audit, metrics, watched):
     through the round: `bumps`, each generation the activity reached with the first time a poll
     of the ledger saw it (at or after its commit); `gates`, the polls' open gates of another
     generation than the ledger's, (time, bucket, gate's generation, ledger's); `generation`, the
-    ledger's at quiescence; `commits` (commits.Commits), the records found below the consumer
+    ledger's at quiescence; `commits` (commits.Watch), the records found below the consumer
     group's committed offsets and not in the ledger."""
     bumps, gates_seen, generation = watched["bumps"], watched["gates"], watched["generation"]
     hist = [o for o in history if o.get("round") == activity]
@@ -185,7 +187,9 @@ def check(activity, history, ledger, cache, losses, audit, metrics, watched):
             g, t = min(later)
             v.append((f"order {o['rid']} of generation {o['generation']} created "
                       f"{o['created'] - t:.2f} s after the ledger reached generation {g}", slice_of(hist, o["user"])))
-    verdicts.append(("generation fence", v, f"generations {sorted(bumps)}"))
+    stale = sum(1 for o in orders if o["status"] == "failed" and o["generation"] < max(bumps, default=0))
+    verdicts.append(("generation fence", v, f"generations {sorted(bumps)}; {stale} failed orders of an older "
+                     "generation than the last (refused as stale, or out of stock)"))
 
     # S6: an open gate carries the ledger's generation (DESIGN §11.3) — else it sells units for
     # orders the ledger refuses, or sells past a recovery. A recovery bumps while its fence holds
@@ -208,10 +212,12 @@ def check(activity, history, ledger, cache, losses, audit, metrics, watched):
 
     # C1: the consumer commits only what the ledger applied (commits.py watched it live).
     commits = watched["commits"]
-    v = [(f"record {p}@{off} (reservation {rec['reservation_id']}, user {rec['user_id']}) was below the "
-          f"group's committed offset {c} and not in the ledger", slice_of(hist, rec["user_id"]))
-         for _, p, off, rec, c in commits.found if rec.get("activity_id") == activity]
-    verdicts.append(("C1 commits follow the ledger", v, f"{commits.polls} polls of the group's offsets so far"))
+    v = [(f"record {f['partition']}@{f['offset']} (reservation {f['record']['reservation_id']}, user "
+          f"{f['record']['user_id']}) was below the group's committed offset {f['committed']} and not in the ledger",
+          slice_of(hist, f["record"]["user_id"]))
+         for f in commits.found() if f["record"].get("activity_id") == activity]
+    verdicts.append(("C1 commits follow the ledger", v,
+                     f"{commits.earlier_polls + commits.polls()} polls of the group's offsets so far"))
 
     queued = [o for o in hist if o["op"] == "purchase" and o.get("status") == 202]
 
@@ -276,24 +282,35 @@ def check(activity, history, ledger, cache, losses, audit, metrics, watched):
             maybe[o["user"]].append(o["t0"])
     verdicts.append(("S7 duplicate answers true", v, ""))
 
-    # Sold out was true: every unit was sold at least once, but for the units of failed orders
-    # (a unit Redis sold twice, a stale generation) and of reservations that were held while
-    # others were told sold out and then given back: a publish that failed ("orders cannot be
-    # queued"), an outcome left unknown or unanswered, a reservation lost with Redis data (L1's
-    # excused) — the stated bound. (A unit given back after the sale's last buyer went stays unsold.)
-    told_sold_out = sum(1 for o in hist if o["op"] in ("purchase", "token") and o.get("status") == 410)
-    ever = sum(o["qty"] for o in holding)
+    # Sold out was true: a buyer is told sold out when its own bucket and the fallback are empty
+    # (DESIGN §4), so every unit of both was sold at least once or moved out — but for the units of failed orders (a unit Redis sold twice, a stale generation)
+    # and of reservations that were held while others were told sold out and then given back: a
+    # publish that failed ("orders cannot be queued"), an outcome left unknown or unanswered, a
+    # reservation lost with Redis data (L1's excused) — the stated bound, for the whole sale. (A
+    # unit given back after the sale's last buyer went stays unsold.) Per bucket, because another
+    # bucket may hold units the rebalancer has not moved yet (a skewed sale's bounded undersell).
+    n = ledger["n"]
+    sold_out = [o for o in hist if o["op"] in ("purchase", "token") and o.get("status") == 410]
     failed = sum(1 for o in orders if o["status"] == "failed")
     held_back = sum(1 for o in hist if o["op"] == "purchase" and (o.get("status") is None or (
         o.get("status") == 503 and any(m in json.dumps(o.get("body")) for m in ("cannot be queued", "not known")))))
     bound = failed + held_back + l1_excused
-    v = []
-    if told_sold_out and ever < ledger["total"] - bound:
-        v.append(f"{told_sold_out} answers said sold out, yet only {ever} of {ledger['total']} units were "
-                 f"ever sold (bound: {failed} failed orders, {held_back} reservations maybe given back, "
-                 f"{l1_excused} lost with Redis data)")
-    verdicts.append(("sold-out answers true", v, f"{told_sold_out} sold-out answers; {ever} units sold at least once; "
-                     f"bound {bound}"))
+    # Units moved in are left out: the rebalancer may have brought them after the answer.
+    out = defaultdict(int)
+    for b, kind, _, delta in ledger["journal"]:
+        if kind == "transfer" and delta < 0:
+            out[b] -= delta
+    never = {}  # bucket -> its units never sold
+    for b, (initial, _) in ledger["buckets"].items():
+        never[b] = initial - out[b] - sum(o["qty"] for o in holding if o["bucket"] == b)
+    told = defaultdict(int)
+    for o in sold_out:
+        told[route(o["user"], n)] += 1
+    v = [f"{k} answers said sold out to buyers of bucket {b}, yet {never[b]} of its units and {never[n]} of the "
+         f"fallback's were never sold (bound: {failed} failed orders, {held_back} reservations maybe given back, "
+         f"{l1_excused} lost with Redis data)" for b, k in sorted(told.items()) if max(never[b], never[n]) > bound]
+    verdicts.append(("sold-out answers true", v, f"{len(sold_out)} sold-out answers; bound {bound}; units never sold "
+                     f"per bucket {dict(sorted((b, u) for b, u in never.items() if u > 0))}"))
 
     # L3: nobody locked out: every buyer mark is a user with a non-failed order.
     v = []

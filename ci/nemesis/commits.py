@@ -8,88 +8,125 @@ A record is applied when the ledger has a row with its reservation id (an order,
 as stale or out of stock), or its user holds an order of the sale (a duplicate buyer leaves no
 row of its own). The ledger is read after the offsets, so a commit that followed its batch's
 transaction always finds the batch applied: what is missing was committed before it was applied,
-or never applied at all."""
+or never applied at all.
 
+It runs as a process of its own (`Watch` starts it and starts it again if it dies: librdkafka
+has been seen to abort on an assertion while brokers are killed under it), and writes what it
+finds to `<out>.jsonl` and how many polls it made to `<out>.polls`. Started again, it checks the
+topic from its beginning once more: the ledger only grows, so that is sound."""
+
+import argparse
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
-
-# The engine's consumer group and topic (docs/configuration.md).
+# The engine's consumer group (docs/configuration.md).
 GROUP = "seckill-orders"
 
 
-class Commits:
-    def __init__(self, brokers, topic, db):
-        self.topic, self.db = topic, db
-        # Quiet: a broker down is the nemesis's doing, not news (librdkafka logs at level ≤ 2 only).
-        self.admin = AdminClient({"bootstrap.servers": brokers, "log_level": 2})
-        self.reader = Consumer({"bootstrap.servers": brokers, "group.id": "nemesis-checker", "log_level": 2,
-                                "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-        self.records = {}  # (partition, offset) -> decoded record
-        self.read_to = {}  # partition -> next offset the reader will see
-        self.checked = {}  # partition -> offsets below this were checked
-        self.found = []  # (time, partition, offset, record, committed offset)
-        self.polls = 0
-        self.stop = threading.Event()
+def watch(brokers, topic, mysql_url, out):
+    from confluent_kafka import Consumer, TopicPartition
 
-    def partitions(self):
-        meta = self.reader.list_topics(self.topic, timeout=5).topics[self.topic]
-        return sorted(meta.partitions)
+    import checker
 
-    def committed(self, parts):
-        from confluent_kafka import ConsumerGroupTopicPartitions
-        req = ConsumerGroupTopicPartitions(GROUP, [TopicPartition(self.topic, p) for p in parts])
-        res = self.admin.list_consumer_group_offsets([req], request_timeout=5)[GROUP].result(timeout=6)
-        return {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0 and not tp.error}
-
-    def read(self, seconds):
-        deadline = time.time() + seconds
+    db = checker.Stores(mysql_url, None)
+    quiet = {"bootstrap.servers": brokers, "log_level": 2, "enable.auto.commit": False}
+    reader = Consumer(dict(quiet, **{"group.id": "nemesis-checker", "auto.offset.reset": "earliest"}))
+    # The group's committed offsets, read as any member would (OffsetFetch; it never joins).
+    offsets = Consumer(dict(quiet, **{"group.id": GROUP}))
+    while True:
+        try:
+            parts = sorted(reader.list_topics(topic, timeout=5).topics[topic].partitions)
+            break
+        except Exception:
+            time.sleep(1)
+    reader.assign([TopicPartition(topic, p, 0) for p in parts])
+    records, read_to, checked, polls = {}, {}, {}, 0
+    found = open(out + ".jsonl", "a")
+    while True:
+        deadline = time.time() + 1
         while time.time() < deadline:
-            m = self.reader.poll(0.2)
+            m = reader.poll(0.2)
             if m is None or m.error():
                 continue
             try:
-                rec = json.loads(m.value())
+                records[(m.partition(), m.offset())] = json.loads(m.value())
             except ValueError:
-                rec = None  # not an order record: the engine dead-letters it; not ours to check
-            self.records[(m.partition(), m.offset())] = rec
-            self.read_to[m.partition()] = m.offset() + 1
-
-    def check_once(self, parts):
-        committed = self.committed(parts)
-        rows, holders = self.db.applied()
+                pass  # not an order record: the engine dead-letters it; not ours to check
+            read_to[m.partition()] = m.offset() + 1
+        try:
+            committed = {tp.partition: tp.offset
+                         for tp in offsets.committed([TopicPartition(topic, p) for p in parts], timeout=5)
+                         if tp.offset >= 0 and not tp.error}
+            rows, holders = db.applied()
+        except Exception:
+            continue  # a broker or MariaDB down (the nemesis's doing): the next poll checks
         at = time.time()
-        self.polls += 1
         for p, c in committed.items():
-            start = self.checked.get(p, 0)
-            upto = min(c, self.read_to.get(p, 0))  # only what the reader has seen
+            start = checked.get(p, 0)
+            upto = min(c, read_to.get(p, 0))  # only what the reader has seen
             for off in range(start, upto):
-                rec = self.records.get((p, off))
-                if rec is None:
-                    continue  # compacted, a control record, or not an order
-                if rec["reservation_id"] in rows or (rec["activity_id"], rec["user_id"]) in holders:
+                rec = records.get((p, off))
+                if rec is None or rec["reservation_id"] in rows or (rec["activity_id"], rec["user_id"]) in holders:
                     continue
-                self.found.append((at, p, off, rec, c))
-            self.checked[p] = max(start, upto)
+                found.write(json.dumps(dict(t=at, partition=p, offset=off, record=rec, committed=c)) + "\n")
+                found.flush()
+            checked[p] = max(start, upto)
+        polls += 1
+        with open(out + ".polls.tmp", "w") as f:
+            f.write(str(polls))
+        os.replace(out + ".polls.tmp", out + ".polls")
 
-    def loop(self):
-        while not self.stop.is_set():
-            try:
-                parts = self.partitions()
-                self.reader.assign([TopicPartition(self.topic, p, self.read_to.get(p, 0)) for p in parts])
-                break
-            except Exception:
-                time.sleep(1)
-        while not self.stop.is_set():
-            self.read(1.0)
-            try:
-                self.check_once(parts)
-            except Exception:
-                pass  # a broker or MariaDB down (the nemesis's doing): the next poll checks
-        self.reader.close()
+
+class Watch:
+    """The watcher process, kept running; what it found, read back."""
+
+    def __init__(self, brokers, topic, mysql_url, out, event):
+        self.args = ["--brokers", brokers, "--topic", topic, "--mysql", mysql_url, "--out", out]
+        self.out, self.event, self.proc, self.stopped = out, event, None, False
+        self.earlier_polls = 0  # of the watchers that died
 
     def start(self):
-        threading.Thread(target=self.loop, daemon=True).start()
+        with open(self.out + ".log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *self.args], stderr=log)
+        threading.Thread(target=self.keep, daemon=True).start()
+
+    def keep(self):
+        code = self.proc.wait()
+        if not self.stopped:
+            self.event(f"the commits watcher exited ({code}); started again")
+            self.earlier_polls += self.polls()
+            self.start()
+
+    def stop(self):
+        self.stopped = True
+        if self.proc:
+            self.proc.kill()
+
+    def found(self):
+        """Each record found once (a watcher started again may find one again)."""
+        try:
+            with open(self.out + ".jsonl") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+        return list({(r["partition"], r["offset"]): r for r in reversed(rows)}.values())
+
+    def polls(self):
+        """Polls of the group's offsets, by the watcher running now."""
+        try:
+            with open(self.out + ".polls") as f:
+                return int(f.read() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    for a in ("--brokers", "--topic", "--mysql", "--out"):
+        ap.add_argument(a, required=True)
+    a = ap.parse_args()
+    watch(a.brokers, a.topic, a.mysql, a.out)

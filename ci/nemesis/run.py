@@ -18,7 +18,7 @@ import time
 
 import checker
 import client
-from commits import Commits
+from commits import Watch
 import procs
 import report
 
@@ -72,8 +72,9 @@ def groups(kind, target, topology):
     return {target.split("@")[0]} if kind in ("proc_kill", "proc_pause", "clock_skew") else set()
 
 
-def schedule(seed, rounds, active, topology):
-    """The whole run's faults: (round, at seconds into the round, kind, target, hold)."""
+def schedule(seed, rounds, active, topology, aim=None):
+    """The whole run's faults: (round, at seconds into the round, kind, target, hold). `aim`: a
+    kind every round begins with (a test of one window, as a planted bug needs)."""
     rng = random.Random(seed)
     kinds = list(FAULTS)
     weights = [FAULTS[k][0] for k in kinds]
@@ -81,7 +82,9 @@ def schedule(seed, rounds, active, topology):
     for r in range(rounds):
         t, busy = rng.uniform(1, 3), {}
         while t < active:
-            kind = rng.choices(kinds, weights)[0]
+            kind = aim if aim and not any(f["round"] == r for f in out) else rng.choices(kinds, weights)[0]
+            if kind == "zombie_api" and t > 5:
+                continue  # only in the burst: its purchases in flight are what it freezes
             if kind == "worker_mid_batch":
                 target, hold = rng.choice(topology.of("worker")).name, rng.uniform(*FAULTS[kind][1])
             elif kind in ("proc_kill", "proc_pause", "net_partition", "net_reset", "clock_skew"):
@@ -431,6 +434,10 @@ def main():
     ap.add_argument("--users", type=int, default=1200)
     ap.add_argument("--buckets", type=int, default=8)
     ap.add_argument("--sale-seconds", type=float, default=30)
+    ap.add_argument("--aim", choices=list(FAULTS), help="a fault every round begins with")
+    ap.add_argument("--long-stall", choices=LONG_STALLS,
+                    help="with --planted: the long fault point the first jobs runner arms, and no other "
+                         "(else one drawn for each)")
     args = ap.parse_args()
     args.planted = os.environ.get("SECKILL_PLANTED")
     args.stalls = os.environ.get("SECKILL_NEMESIS_STALLS") == "1"
@@ -473,7 +480,8 @@ def main():
         # runner: more would keep every recovery waiting out one after another.
         for i, p in enumerate(topology.procs):
             seed = args.seed * 100 + i
-            site = random.Random(seed).choice(LONG_STALLS) if p.role == "jobs" else ""
+            site = "" if p.role != "jobs" else random.Random(seed).choice(LONG_STALLS) if not args.long_stall \
+                else args.long_stall if p is topology.of("jobs")[0] else ""
             p.env = dict(env, SECKILL_STALLS=f"{seed}:{site}")
             event(f"{p.name}: SECKILL_STALLS={p.env['SECKILL_STALLS']}")
     net = procs.Net()
@@ -493,7 +501,7 @@ def main():
     active = args.sale_seconds + 10
     budget = args.minutes * 60
     rounds = max(1, int(budget // (active + 25)))
-    plan = schedule(args.seed, rounds, active, topology)
+    plan = schedule(args.seed, rounds, active, topology, args.aim)
     if args.planted:
         event(f"PLANTED: {args.planted} (every process): this run must fail")
     if args.stalls:
@@ -507,8 +515,8 @@ def main():
     event("starting the engine: 3 api, 2 worker, 2 jobs")
     topology.start()
     # The consumer's commits against the ledger, watched live (the engine created the topic).
-    commits = Commits(stores.kafka_brokers(), env["SECKILL_TOPIC"],
-                      checker.Stores(stores.mariadb_url(), stores.redis_nodes()))
+    commits = Watch(stores.kafka_brokers(), env["SECKILL_TOPIC"], stores.mariadb_url(),
+                    os.path.join(out, "commits"), event)
     commits.start()
     scraper = Scraper(topology)
     threading.Thread(target=scraper.loop, daemon=True).start()
@@ -609,7 +617,7 @@ def main():
                         event(f"      {json.dumps(op)[:240]}")
 
     supervising.set()
-    commits.stop.set()
+    commits.stop()
     scraper.stop = True
     stop_cpu.set()
     history.write()

@@ -399,6 +399,13 @@ pub async fn stall_once(site: Site, one_in: u64, max: std::time::Duration) {
 /// `stall_once` for at least `floor`: a window that only hurts once another process has had
 /// time to act in it (take over a claim and finish what it claimed).
 pub async fn stall_once_past(site: Site, one_in: u64, floor: std::time::Duration, max: std::time::Duration) {
+    // On the real stores (`stall_process`) the runner that takes over needs seconds, not the
+    // simulation's milliseconds, to recover and reopen: the stall may last up to 30 s longer.
+    let max = if process_wide() {
+        max + std::time::Duration::from_secs(30)
+    } else {
+        max
+    };
     if let Some(x) = fire_once(site, one_in) {
         sleep_drawn_from(x, floor, max).await;
     }

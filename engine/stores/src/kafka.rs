@@ -706,6 +706,14 @@ impl OrderSource for KafkaSource {
                 };
                 tpl.add_partition_offset(e.topic(), e.partition(), to)?;
             }
+            // No partition assigned (a rebalance took them, or the session expired and the
+            // assignment was lost): nothing to seek — a partition assigned later starts at the
+            // group's committed offset. librdkafka refuses to seek an empty list (_INVALID_ARG),
+            // and a consumer that polls nothing after a failed rewind would never get its
+            // partitions back (the real-store nemesis: both workers stopped for good).
+            if tpl.count() == 0 {
+                return Ok(());
+            }
             // A seek refused for one partition is reported in its element, not as the call's
             // error: a rewind that left any partition where it was has failed (the consumer then
             // polls nothing until one succeeds).

@@ -73,3 +73,46 @@ async fn a_batch_whose_rewind_failed_is_applied_once_the_broker_is_back() {
         }
     }
 }
+
+/// A member that holds no partition — the group has more members than partitions, or a rebalance
+/// took them — has nothing to rewind: its rewind succeeds. librdkafka refuses to seek an empty
+/// list (_INVALID_ARG); before the rewind treated that as nothing to do, a consumer whose batch
+/// failed while a rebalance had taken its partitions polled nothing ever again (it polls nothing
+/// until a rewind succeeds), so it never got them back: the real-store nemesis saw both workers
+/// stop for good after a poll failed during a rebalance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_partitions_rewinds() {
+    use seckill_core::ports::OrderSource;
+    let Some(brokers) = service("KAFKA_BROKERS") else {
+        return;
+    };
+    // Two members, one partition: whichever joins second and gets it, the first is left with
+    // none (its next polls serve the rebalance). If the second gets none (its subscribe says so
+    // and it leaves), a fresh group tries again.
+    for attempt in 0..10 {
+        let mut cfg = KafkaConfig::new(&brokers, &format!("seckill.test.unassigned.{}", unique_id()));
+        cfg.partitions = 1;
+        let bus = KafkaBus::connect(cfg).unwrap();
+        until_kafka_answers(&bus).await;
+        let group = format!("unassigned-{}", unique_id());
+        let mut first = bus.subscribe(&group).await.unwrap();
+        let second = {
+            let (bus, group) = (bus.clone(), group.clone());
+            tokio::spawn(async move { bus.subscribe(&group).await })
+        };
+        while !second.is_finished() {
+            first.poll(1).await.unwrap();
+        }
+        let Ok(mut second) = second.await.unwrap() else {
+            eprintln!("attempt {attempt}: the first member kept the partition");
+            continue;
+        };
+        for _ in 0..3 {
+            first.poll(1).await.unwrap();
+        }
+        first.rewind().await.expect("a member without partitions rewinds");
+        second.rewind().await.unwrap();
+        return;
+    }
+    panic!("the second member never got the partition in 10 groups");
+}
