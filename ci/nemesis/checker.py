@@ -136,10 +136,12 @@ def check(activity, history, ledger, cache, losses, audit, metrics, watched):
         v.append(f"{sold} units sold of {ledger['total']}")
     net = defaultdict(int)
     xfer = defaultdict(int)
+    out = defaultdict(int)  # units the rebalancer moved out of each bucket
     for b, kind, ref, delta in ledger["journal"]:
         net[b] += delta
         if kind == "transfer":
             xfer[b] += delta
+            out[b] -= min(delta, 0)
     for b, (initial, remaining) in ledger["buckets"].items():
         sold_b = sum(o["qty"] for o in live if o["bucket"] == b)
         if remaining < 0:
@@ -295,11 +297,8 @@ def check(activity, history, ledger, cache, losses, audit, metrics, watched):
     held_back = sum(1 for o in hist if o["op"] == "purchase" and (o.get("status") is None or (
         o.get("status") == 503 and any(m in json.dumps(o.get("body")) for m in ("cannot be queued", "not known")))))
     bound = failed + held_back + l1_excused
-    # Units moved in are left out: the rebalancer may have brought them after the answer.
-    out = defaultdict(int)
-    for b, kind, _, delta in ledger["journal"]:
-        if kind == "transfer" and delta < 0:
-            out[b] -= delta
+    # Units moved in are left out (`out` only, from S1's pass over the journal): the rebalancer
+    # may have brought them after the answer.
     never = {}  # bucket -> its units never sold
     for b, (initial, _) in ledger["buckets"].items():
         never[b] = initial - out[b] - sum(o["qty"] for o in holding if o["bucket"] == b)

@@ -80,9 +80,9 @@ def schedule(seed, rounds, active, topology, aim=None):
     weights = [FAULTS[k][0] for k in kinds]
     out = []
     for r in range(rounds):
-        t, busy = rng.uniform(1, 3), {}
+        t, busy, aimed = rng.uniform(1, 3), {}, not aim
         while t < active:
-            kind = aim if aim and not any(f["round"] == r for f in out) else rng.choices(kinds, weights)[0]
+            kind = rng.choices(kinds, weights)[0] if aimed else aim
             if kind == "zombie_api" and t > 5:
                 continue  # only in the burst: its purchases in flight are what it freezes
             if kind == "worker_mid_batch":
@@ -119,6 +119,7 @@ def schedule(seed, rounds, active, topology, aim=None):
             for g in gs:
                 busy[g] = t + (50 if kind.startswith("zombie") else hold + 3)
             out.append(dict(round=r, at=round(t, 2), kind=kind, target=target, hold=round(hold, 2)))
+            aimed = True
             t += rng.expovariate(1 / 4.0)
     return out
 
