@@ -83,6 +83,9 @@ trap stop_all EXIT
 stop_all
 rm -rf "$dir"
 mkdir -p "$dir"
+# The run keeps the binary it started with: a build meanwhile must not change what a restart runs.
+cp "$bin" "$dir/seckill"
+bin=$dir/seckill
 say "starting the stores"
 bash ci/nemesis/redis.sh start --dir "$dir"
 bash ci/nemesis/kafka.sh start --dir "$dir"

@@ -5,6 +5,7 @@ in a cgroup of its own so that the nemesis can cut the network between one proce
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -51,10 +52,32 @@ class Proc:
         self.name, self.role, self.port, self.admin = name, role, port, admin
         self.binary, self.env, self.log_dir = binary, env, log_dir
         self.popen = None
-        self.held = False  # the nemesis holds it down or stopped: the supervisor leaves it alone
+        # The nemesis holds it down or stopped: the supervisor leaves it alone. Set and read
+        # under the lock the supervisor's look-and-start takes, so that a fault's kill and the
+        # supervisor's start never interleave (two instances, one on the ports, one orphaned).
+        self._lock = threading.RLock()
+        self._held = False
         self.skew = None  # a wall-clock offset (libfaketime) for its next start
         self.cgroup = f"nemesis/{name}"
         os.makedirs(os.path.join(CGROUP_ROOT, self.cgroup), exist_ok=True)
+
+    @property
+    def held(self):
+        return self._held
+
+    @held.setter
+    def held(self, value):
+        with self._lock:
+            self._held = value
+
+    def restart_if_exited(self):
+        """Start it again if it exited while nobody held it; its exit code if so."""
+        with self._lock:
+            if self.popen is None or self._held or self.alive():
+                return None
+            code = self.popen.returncode
+            self.start()
+            return code
 
     @property
     def base(self):
@@ -65,6 +88,13 @@ class Proc:
         return f"http://127.0.0.1:{self.admin}"
 
     def start(self):
+        # Under the lock, as the supervisor's look-and-start: a fault's start and the
+        # supervisor's must not both find it down and both start one.
+        with self._lock:
+            if not self.alive():
+                self._start()
+
+    def _start(self):
         env = dict(self.env)
         if self.skew:
             env["LD_PRELOAD"] = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
@@ -117,8 +147,7 @@ class Proc:
         while time.time() < deadline:
             if self.ready():
                 return True
-            if not self.alive() and not self.held:
-                self.start()
+            self.restart_if_exited()
             time.sleep(0.3)
         return False
 
@@ -153,9 +182,9 @@ class Topology:
         """Start again what exited on its own (a process that met a store down at its start
         exits 2): a supervisor's job in production (systemd, Kubernetes)."""
         for p in self.procs:
-            if p.popen is not None and not p.held and not p.alive():
-                event(f"{p.name} exited ({p.popen.returncode}); started again")
-                p.start()
+            code = p.restart_if_exited()
+            if code is not None:
+                event(f"{p.name} exited ({code}); started again")
 
     def stop(self):
         for p in self.procs:

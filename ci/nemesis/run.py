@@ -395,9 +395,11 @@ class Scraper:
 
     def bounds(self, hist, kills, started):
         """(lo, hi, counted): the queued purchases the API processes counted in the round, and
-        the bounds the history sets: its 202s, less those a killed process answered after its
-        last scrape (never read back), plus the purchases that got no answer (which the engine
-        may have counted queued)."""
+        the bounds the history sets: its 202s, less those a killed process may have counted
+        after its last scrape (never read back: sent to it before the kill, answered after that
+        scrape — the client may note an answer well after the process sent it, past the kill,
+        on a busy box), plus the purchases that got no answer (which the engine may have
+        counted queued)."""
         self.scrape()
         counted = sum(v - self.base.get(k, 0) for k, (v, _) in self.last.items())
         purchases = [o for o in hist if o["op"] == "purchase"]
@@ -406,7 +408,7 @@ class Scraper:
         for name, at in kills:
             read = max((w for (n, _), (_, w) in self.last.items() if n == name and w <= at), default=started)
             missed += sum(1 for o in purchases if o.get("status") == 202 and o["proc"] == name
-                          and read <= o["t1"] <= at)
+                          and o["t0"] <= at and o["t1"] >= read)
         unanswered = sum(1 for o in purchases if o.get("status") is None)
         return told - missed, told + unanswered, counted
 
