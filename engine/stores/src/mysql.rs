@@ -187,7 +187,11 @@ impl MysqlLedger {
     /// 503) while the database is down.
     pub fn connect_lazy(cfg: &MysqlConfig) -> PortResult<MysqlLedger> {
         let options = MySqlConnectOptions::from_str(&cfg.url)
-            .map_err(|e| PortError::determinate("mysql config", format!("DATABASE_URL: {e}")).caused_by(e))?;
+            .map_err(|e| PortError::determinate("mysql config", format!("DATABASE_URL: {e}")).caused_by(e))?
+            // Room for every statement the ledger runs, prepared once per connection: its
+            // batched statements take a few shapes each (`padded`, `in_shapes`), some 70 in all,
+            // besides the fixed ones (sqlx keeps 100 by default and evicts the oldest).
+            .statement_cache_capacity(256);
         let pool = MySqlPoolOptions::new()
             .max_connections(cfg.max_connections)
             .acquire_timeout(cfg.acquire_timeout)
@@ -270,23 +274,23 @@ impl MysqlLedger {
         activity: ActivityId,
         entries: &[JournalEntry],
     ) -> Result<(), sqlx::Error> {
-        if entries.is_empty() {
-            return Ok(());
+        for entries in in_shapes(entries) {
+            let sql = format!(
+                "INSERT INTO stock_journal (activity_id, bucket_no, kind, reference, delta) VALUES {}",
+                vec!["(?, ?, ?, ?, ?)"; entries.len()].join(", ")
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for e in entries {
+                q = q
+                    .bind(activity.0)
+                    .bind(e.bucket.0)
+                    .bind(kind_str(e.kind))
+                    .bind(&e.reference)
+                    .bind(e.delta);
+            }
+            q.execute(&mut **tx).await?;
         }
-        let sql = format!(
-            "INSERT INTO stock_journal (activity_id, bucket_no, kind, reference, delta) VALUES {}",
-            vec!["(?, ?, ?, ?, ?)"; entries.len()].join(", ")
-        );
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for e in entries {
-            q = q
-                .bind(activity.0)
-                .bind(e.bucket.0)
-                .bind(kind_str(e.kind))
-                .bind(&e.reference)
-                .bind(e.delta);
-        }
-        q.execute(&mut **tx).await.map(|_| ())
+        Ok(())
     }
 
     async fn apply_one(
@@ -481,6 +485,7 @@ async fn bucket_stock(
     activity: ActivityId,
     buckets: &BTreeSet<BucketNo>,
 ) -> Result<Vec<(BucketNo, i64)>, sqlx::Error> {
+    let buckets = padded(buckets.iter());
     let marks = vec!["?"; buckets.len()].join(", ");
     let sql = format!(
         "SELECT bucket_no, remaining FROM stock_bucket WHERE activity_id = ? AND bucket_no IN ({marks}) \
@@ -503,6 +508,7 @@ async fn known_reservations(
     batch: &[Reservation],
 ) -> Result<BTreeSet<ReservationId>, sqlx::Error> {
     let ids: BTreeSet<String> = batch.iter().map(|r| r.id.to_string()).collect();
+    let ids = padded(ids.iter());
     let marks = vec!["?"; ids.len()].join(", ");
     let sql = format!("SELECT reservation_id FROM seckill_order WHERE reservation_id IN ({marks})");
     let mut q = sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql));
@@ -522,6 +528,7 @@ async fn live_orders(
     activity: ActivityId,
     users: &BTreeSet<UserId>,
 ) -> Result<Vec<(UserId, ReservationId)>, sqlx::Error> {
+    let users = padded(users.iter());
     let marks = vec!["?"; users.len()].join(", ");
     let sql = format!(
         "SELECT live_user, reservation_id FROM seckill_order WHERE activity_id = ? AND live_user IN ({marks})"
@@ -546,27 +553,56 @@ async fn insert_orders(
     tx: &mut Transaction<'static, MySql>,
     rows: &[(&Reservation, &'static str)],
 ) -> Result<(), sqlx::Error> {
-    if rows.is_empty() {
-        return Ok(());
+    for rows in in_shapes(rows) {
+        let sql = format!(
+            "INSERT INTO seckill_order (reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, \
+             status, generation) VALUES {}",
+            vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ")
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (r, status) in rows {
+            q = q
+                .bind(r.id.to_string())
+                .bind(r.activity.0)
+                .bind(r.user.0)
+                .bind(r.bucket.0)
+                .bind(r.qty)
+                .bind(r.reserved_at_ms)
+                .bind(*status)
+                .bind(r.generation);
+        }
+        q.execute(&mut **tx).await?;
     }
-    let sql = format!(
-        "INSERT INTO seckill_order (reservation_id, activity_id, user_id, bucket_no, qty, reserved_at_ms, \
-         status, generation) VALUES {}",
-        vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ")
-    );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for (r, status) in rows {
-        q = q
-            .bind(r.id.to_string())
-            .bind(r.activity.0)
-            .bind(r.user.0)
-            .bind(r.bucket.0)
-            .bind(r.qty)
-            .bind(r.reserved_at_ms)
-            .bind(*status)
-            .bind(r.generation);
+    Ok(())
+}
+
+/// `values` repeated at the end up to a power of two: the statement that lists them (`IN (…)`,
+/// where a repeated value changes nothing) then has one of a few shapes, each prepared once per
+/// connection and kept in sqlx's statement cache. Without it a batch of every size was a
+/// statement of its own: prepared anew (a round trip, and MariaDB's answer carries one packet per
+/// placeholder) and evicting another from the cache.
+fn padded<T: Clone>(values: impl ExactSizeIterator<Item = T>) -> Vec<T> {
+    let n = values.len().next_power_of_two();
+    let mut v: Vec<T> = values.collect();
+    if let Some(last) = v.last().cloned() {
+        v.resize(n, last);
     }
-    q.execute(&mut **tx).await.map(|_| ())
+    v
+}
+
+/// `rows` in pieces whose sizes are powers of two, largest first (its size's binary digits):
+/// a multi-row insert cannot repeat a row, so it keeps to the few shapes `padded` gives an
+/// `IN` list by running one statement per piece — in the same transaction, rows in order.
+fn in_shapes<T>(mut rows: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        let n = rows.len();
+        if n == 0 {
+            return None;
+        }
+        let (piece, rest) = rows.split_at(1 << n.ilog2());
+        rows = rest;
+        Some(piece)
+    })
 }
 
 /// Take `deltas` (units per bucket) from `activity`'s stock in one statement. The rows are
@@ -580,21 +616,23 @@ async fn take_stock(
     if deltas.is_empty() {
         return Ok(());
     }
-    let cases = "CASE bucket_no ".to_string() + &"WHEN ? THEN ? ".repeat(deltas.len()) + "END";
+    // A bucket repeated (`padded`) repeats its own case: the same update.
+    let all = padded(deltas.iter());
+    let cases = "CASE bucket_no ".to_string() + &"WHEN ? THEN ? ".repeat(all.len()) + "END";
     let sql = format!(
         "UPDATE stock_bucket SET remaining = remaining - {cases} \
          WHERE activity_id = ? AND bucket_no IN ({}) AND remaining >= {cases}",
-        vec!["?"; deltas.len()].join(", ")
+        vec!["?"; all.len()].join(", ")
     );
     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for (b, units) in deltas {
+    for (b, units) in &all {
         q = q.bind(b.0).bind(*units);
     }
     q = q.bind(activity.0);
-    for (b, _) in deltas {
+    for (b, _) in &all {
         q = q.bind(b.0);
     }
-    for (b, units) in deltas {
+    for (b, units) in &all {
         q = q.bind(b.0).bind(*units);
     }
     let updated = q.execute(&mut **tx).await?.rows_affected();
@@ -1161,7 +1199,8 @@ impl Ledger for MysqlLedger {
         let ids: Vec<ReservationId> = mentioned.iter().copied().collect();
         let (mut held, mut failed) = (BTreeSet::new(), BTreeSet::new());
         // Bounded statements: at most this many ids per IN list.
-        for chunk in ids.chunks(500) {
+        for chunk in ids.chunks(512) {
+            let chunk = padded(chunk.iter());
             let marks = vec!["?"; chunk.len()].join(", ");
             let sql = format!(
                 "SELECT reservation_id, status FROM seckill_order WHERE activity_id = ? AND reservation_id IN ({marks})"
@@ -1250,5 +1289,33 @@ impl Ledger for MysqlLedger {
                 })
                 .collect::<PortResult<_>>()?,
         })
+    }
+}
+
+#[cfg(test)]
+mod shapes {
+    use super::{in_shapes, padded};
+
+    #[test]
+    fn an_in_list_is_padded_to_a_power_of_two_with_its_last_value() {
+        assert_eq!(padded([1, 2, 3].iter()), [&1, &2, &3, &3]);
+        assert_eq!(padded([7].iter()), [&7]);
+        assert_eq!(padded((1..=5).collect::<Vec<_>>().iter()).len(), 8);
+        assert!(padded(Vec::<u8>::new().iter()).is_empty());
+    }
+
+    #[test]
+    fn rows_go_in_pieces_of_powers_of_two_largest_first_in_order() {
+        let rows: Vec<u32> = (0..256).collect();
+        let pieces: Vec<&[u32]> = in_shapes(&rows[..200]).collect();
+        assert_eq!(pieces.iter().map(|p| p.len()).collect::<Vec<_>>(), [128, 64, 8]);
+        assert_eq!(pieces.concat(), rows[..200]);
+        assert_eq!(in_shapes(&rows).count(), 1);
+        assert_eq!(in_shapes(&rows[..0]).count(), 0);
+        // Every size up to a batch's maximum uses at most 9 shapes.
+        let shapes: std::collections::BTreeSet<usize> = (1..=256)
+            .flat_map(|n| in_shapes(&rows[..n]).map(|p| p.len()).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(shapes.len(), 9, "{shapes:?}");
     }
 }
