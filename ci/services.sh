@@ -39,6 +39,8 @@ apt_install() {
 
 # Building the engine: librdkafka links the system OpenSSL (Kafka over TLS).
 pkg-config --exists openssl 2>/dev/null || { say "installing libssl-dev"; apt_install libssl-dev pkg-config; }
+# seckill bench --instructions (and its test) counts with valgrind's callgrind.
+command -v callgrind_control >/dev/null || { say "installing valgrind"; apt_install valgrind; }
 
 # ---------------------------------------------------------------------------------------------
 # A CA and one server certificate (for 127.0.0.1 and localhost) shared by the three stores' TLS

@@ -101,7 +101,9 @@ pub fn decode(s: &str) -> Result<Token, TokenError> {
 }
 
 pub struct TokenSigner {
-    key: Vec<u8>,
+    /// The HMAC keyed once: each token's MAC starts from a clone of it, not from the key (whose
+    /// two padded blocks would be hashed again on every issue and check).
+    keyed: HmacSha256,
     ttl_ms: u64,
 }
 
@@ -114,7 +116,7 @@ impl TokenSigner {
             ));
         }
         Ok(TokenSigner {
-            key: secret.to_vec(),
+            keyed: <HmacSha256 as KeyInit>::new_from_slice(secret).expect("HMAC takes keys of any length"),
             ttl_ms,
         })
     }
@@ -124,7 +126,7 @@ impl TokenSigner {
     }
 
     fn mac(&self) -> HmacSha256 {
-        <HmacSha256 as KeyInit>::new_from_slice(&self.key).expect("HMAC takes keys of any length")
+        self.keyed.clone()
     }
 
     /// A token for `user` in `activity`, valid until `now_ms + ttl`.

@@ -37,6 +37,7 @@ pub fn run(command: Command) -> ExitCode {
             json: a.json,
             csv: a.csv,
             plot: a.plot,
+            instructions: a.instructions,
         }),
     }
 }
@@ -129,6 +130,11 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table (`seckill plan --from-bench` reads it).
     #[arg(long)]
     json: bool,
+    /// Count instead of time, for the HTTP rows alone: each row's server runs under valgrind's
+    /// callgrind and the row reports its instructions per request over this many clicks — a
+    /// figure the noise of a shared box does not move (needs valgrind).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    instructions: Option<u64>,
 }
 
 #[derive(clap::Args)]

@@ -40,6 +40,8 @@ pub struct Row {
     pub errors: u64,
     /// Units taken beyond the stock in the correctness phase (`None`: not a stock strategy).
     pub oversold: Option<i64>,
+    /// Instructions per op of the process measured (valgrind's callgrind), where counted.
+    pub instructions: Option<u64>,
 }
 
 pub struct Measurement {
@@ -112,7 +114,7 @@ pub async fn measure_throughput(
 impl Row {
     /// A row of orders drained (`ops` of them at `ops_per_sec`, `p99_us` a batch's): no p50, no
     /// stock to oversell.
-    fn drained(name: &str, ops: u64, ops_per_sec: f64, p99_us: u64) -> Row {
+    pub(super) fn drained(name: &str, ops: u64, ops_per_sec: f64, p99_us: u64) -> Row {
         Row {
             name: name.into(),
             ops,
@@ -122,6 +124,7 @@ impl Row {
             ratio: 0.0,
             errors: 0,
             oversold: None,
+            instructions: None,
         }
     }
 }
@@ -136,6 +139,7 @@ fn row(name: String, m: &Measurement, oversold: Option<i64>) -> Row {
         ratio: 0.0,
         errors: m.errors,
         oversold,
+        instructions: None,
     }
 }
 
@@ -553,6 +557,8 @@ pub struct BenchOptions {
     pub json: bool,
     pub csv: Option<std::path::PathBuf>,
     pub plot: Option<std::path::PathBuf>,
+    /// Count instead of time: the HTTP rows' servers under callgrind, this many clicks a row.
+    pub instructions: Option<u64>,
 }
 
 /// `seckill bench`: every strategy on the real stores, one table.
@@ -570,7 +576,10 @@ pub fn run(opts: BenchOptions) -> ExitCode {
             .context("bench needs the real stores: set REDIS_URL, KAFKA_BROKERS and DATABASE_URL")?;
         let real = RealBackend::connect(&settings).await?;
         let run = wall_now_ms();
-        let wanted = |name: &str| opts.only.as_ref().is_none_or(|o| name.contains(o.as_str()));
+        // Counting instructions is for the HTTP rows alone: the other rows run in this process.
+        let counted = |name: &str| opts.instructions.is_none() || super::http::NAMES.contains(&name);
+        let wanted =
+            |name: &str| opts.only.as_ref().is_none_or(|o| name.contains(o.as_str())) && counted(name);
         let conns = |cfg: RedisConfig, n: usize| async move {
             let mut v = Vec::with_capacity(n);
             for _ in 0..n {
@@ -718,7 +727,11 @@ pub fn run(opts: BenchOptions) -> ExitCode {
         if super::http::NAMES.iter().any(|n| wanted(n)) {
             bar.set_message("http");
             let stores = super::procs::stores_from_env();
-            rows.extend(super::http::rows(stores, run, opts.duration, wanted).await?);
+            let measure = match opts.instructions {
+                Some(clicks) => super::http::Measure::Count { clicks },
+                None => super::http::Measure::Time(opts.duration),
+            };
+            rows.extend(super::http::rows(stores, run, measure, wanted).await?);
             bar.inc(1);
         }
         bar.finish_and_clear();
@@ -744,24 +757,45 @@ pub fn run(opts: BenchOptions) -> ExitCode {
                 "seckill bench: {} s per strategy, {} workers; oversold = units taken beyond {} under the same contention",
                 opts.duration.as_secs_f64(), opts.concurrency, bench::CONTENDED_STOCK
             );
+            if let Some(clicks) = opts.instructions {
+                println!(
+                    "instructions counted by valgrind's callgrind in the server over {clicks} clicks a row (ops/s and latency are callgrind's, not the engine's)"
+                );
+            }
             println!(
-                "{:<62} {:>11} {:>10} {:>10} {:>8} {:>7} {:>8}",
-                "strategy", "ops/s", "p50 us", "p99 us", "ratio", "errors", "oversold"
+                "{:<62} {:>11} {:>10} {:>10} {:>8} {:>7} {:>8} {:>9}",
+                "strategy", "ops/s", "p50 us", "p99 us", "ratio", "errors", "oversold", "instr/op"
             );
+            let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
             for r in &rows {
                 println!(
-                    "{:<62} {:>11.0} {:>10} {:>10} {:>8.3} {:>7} {:>8}",
+                    "{:<62} {:>11.0} {:>10} {:>10} {:>8.3} {:>7} {:>8} {:>9}",
                     r.name,
                     r.ops_per_sec,
                     r.p50_us,
                     r.p99_us,
                     r.ratio,
                     r.errors,
-                    r.oversold.map_or("-".to_string(), |o| o.to_string())
+                    or_dash(r.oversold.map(|o| o.to_string())),
+                    or_dash(r.instructions.map(|i| i.to_string())),
                 );
             }
             let find = |n: &str| rows.iter().find(|r| r.name == n).map(|r| r.ops_per_sec);
-            // Each ratio the engine is held to: (this row / that row, what the line says, the goal).
+            // Counted, a route against hello world in instructions per request (callgrind counts
+            // no time in the kernel, where hello world spends most of its: no throughput ratio).
+            let count = |n: &str| rows.iter().find(|r| r.name == n).and_then(|r| r.instructions);
+            for (route, hello) in [
+                (super::http::SOLD_OUT, super::http::HEALTHZ),
+                (super::http::PURCHASE, super::http::HEALTHZ),
+                (super::http::PURCHASE_REAL, super::http::HEALTHZ_REAL),
+            ] {
+                if let (Some(a), Some(b @ 1..)) = (count(route), count(hello)) {
+                    println!(
+                        "{route}: {a} instructions per request, {b} for hello world ({:.1}x)",
+                        a as f64 / b as f64
+                    );
+                }
+            }
             let ratios: [(&str, &str, &str, &str); 7] = [
                 (
                     super::capacity::BENCH_APP,
@@ -806,7 +840,7 @@ pub fn run(opts: BenchOptions) -> ExitCode {
                     "",
                 ),
             ];
-            for (this, that, line, goal) in ratios {
+            for (this, that, line, goal) in ratios.into_iter().filter(|_| opts.instructions.is_none()) {
                 if let (Some(a), Some(b)) = (find(this), find(that)) {
                     match goal.strip_suffix('x') {
                         _ if goal.is_empty() => println!("{line}: {:.2}", a / b),
@@ -835,6 +869,7 @@ mod csv_tests {
             ratio: 0.123456,
             errors: 0,
             oversold,
+            instructions: None,
         };
         let path = std::env::temp_dir().join(format!("seckill-bench-{}.csv", std::process::id()));
         write_csv(
@@ -846,7 +881,7 @@ mod csv_tests {
         let header: Vec<String> = r.headers().unwrap().iter().map(str::to_string).collect();
         assert_eq!(
             header.join(","),
-            "name,ops,ops_per_sec,p50_us,p99_us,ratio,errors,oversold"
+            "name,ops,ops_per_sec,p50_us,p99_us,ratio,errors,oversold,instructions"
         );
         let records: Vec<csv::StringRecord> = r.records().map(Result::unwrap).collect();
         assert_eq!(&records[0][0], r#"redis: "GET", then DECR"#);

@@ -29,12 +29,25 @@ const USERS: u64 = 1_000_000;
 /// Buckets of the sales the purchase rows load.
 const BUCKETS: u32 = 64;
 
+/// The worker's own figure beside the real stores' purchase row when instructions are counted:
+/// the worker runs in a process of its own there (its instructions per order applied).
+pub const APPLY_REAL: &str = "http: worker, order applied, Redis + Kafka + MariaDB";
+
+/// How the rows measure: requests per second for `duration`, or — `Count` — instructions per
+/// request of the server (valgrind's callgrind, `clicks` users clicking once each), a figure
+/// the noise of a shared box does not move.
+#[derive(Clone, Copy)]
+pub enum Measure {
+    Time(Duration),
+    Count { clicks: u64 },
+}
+
 /// The HTTP rows `wanted` asks for; `stores` are the real stores' settings, `run` this bench
 /// run's id (its sales' ids on the real stores start from it).
 pub async fn rows(
     stores: Vec<(String, String)>,
     run: u64,
-    duration: Duration,
+    measure: Measure,
     wanted: impl Fn(&str) -> bool,
 ) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
@@ -42,14 +55,50 @@ pub async fn rows(
         (Vec::new(), HEALTHZ, PURCHASE, Some(SOLD_OUT)),
         (stores, HEALTHZ_REAL, PURCHASE_REAL, None),
     ];
-    for (stores, healthz, purchase, sold_out) in servers {
+    // Each counted row's profile is kept there, named for the row.
+    let counts = std::env::temp_dir().join(format!("seckill-bench-{run}"));
+    let profile = |row: &str| {
+        let name: String = row
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        counts.join(format!("{name}.callgrind"))
+    };
+    let (duration, users) = match measure {
+        Measure::Time(d) => (d, USERS),
+        // The clicks end every run, however slowly the counted server answers.
+        Measure::Count { clicks } => (Duration::from_secs(3_600), clicks),
+    };
+    for (i, (stores, healthz, purchase, sold_out)) in servers.into_iter().enumerate() {
         if ![healthz, purchase].into_iter().chain(sold_out).any(&wanted) {
             continue;
         }
         let real = !stores.is_empty();
         let settings = Settings::new(stores, run)?;
-        let server = settings.spawn("api,worker,jobs", &super::procs::unlimited())?;
+        let unlimited = super::procs::unlimited();
+        let counting = matches!(measure, Measure::Count { .. });
+        // Counted on the real stores, the API and the worker run apart so that each has a
+        // figure of its own, and the jobs apart from both (not counted: their passes over every
+        // sale the database holds would be most of an idle API process's count). The embedded
+        // stores live in one process: every role there.
+        let dir = counts.join(i.to_string());
+        let (server, worker, _jobs) = match (counting, real) {
+            (false, _) => (settings.spawn("api,worker,jobs", &unlimited)?, None, None),
+            (true, false) => (
+                settings.spawn_counted(&dir, "api,worker,jobs", &unlimited)?,
+                None,
+                None,
+            ),
+            (true, true) => (
+                settings.spawn_counted(&dir.join("api"), "api", &unlimited)?,
+                Some(settings.spawn_counted(&dir.join("worker"), "worker", &unlimited)?),
+                Some(settings.spawn("jobs", &unlimited)?),
+            ),
+        };
         settings.ready(&server).await?;
+        if let Some(w) = &worker {
+            settings.ready(w).await?;
+        }
         let api = std::slice::from_ref(&server);
         let cfg = |activity: u64, users: u64, target: Target| LoadConfig {
             addrs: vec![server.public],
@@ -67,9 +116,27 @@ pub async fn rows(
             jwt_audience: Some(AUDIENCE.to_string()),
             jwts: None,
         };
+        // One measured load: its report, and the server's instructions over it when counted —
+        // less what the server runs idle meanwhile (its timers: the registry's refresh, the
+        // jobs, metrics), which a slow counted run would otherwise spread over its requests.
+        let measured = |name: &str, c: LoadConfig| {
+            let (server, keep) = (&server, profile(name));
+            async move {
+                if !counting {
+                    return anyhow::Ok((load::run(&c, || {}).await?, None));
+                }
+                let idle = server.idle_rate().await?;
+                server.count_from()?;
+                let started = std::time::Instant::now();
+                let r = load::run(&c, || {}).await?;
+                let n = server.counted(Some(&keep))?;
+                let upkeep = idle * started.elapsed().as_secs_f64();
+                anyhow::Ok((r, Some(n.saturating_sub(upkeep as u64))))
+            }
+        };
         if wanted(healthz) {
-            let r = load::run(&cfg(0, USERS, Target::Healthz), || {}).await?;
-            rows.push(row(healthz, &r, r.by_status.get(&200).copied()));
+            let (r, n) = measured(healthz, cfg(0, users, Target::Healthz)).await?;
+            rows.push(row(healthz, &r, r.by_status.get(&200).copied(), n));
         }
         // Ids as `load --stages` makes them: distinct from earlier runs' on the same stores.
         let mut next_id = (run % 1_000_000_000) * 10;
@@ -80,15 +147,15 @@ pub async fn rows(
             async move { settings.sale(api, id, stock, BUCKETS).await.map(|()| id) }
         };
         if let Some(name) = sold_out.filter(|n| wanted(n)) {
-            // A small sale sold out first (not timed), then every click on it — before the
+            // A small sale sold out first (not measured), then every click on it — before the
             // purchase row, whose orders the server's worker goes on applying after it.
             let id = sale(100).await?;
             let sell = LoadConfig {
-                duration: Duration::from_secs(120),
+                duration: Duration::from_secs(120).max(duration),
                 ..cfg(id, 2_000, Target::Purchase)
             };
             load::run(&sell, || {}).await?;
-            let r = load::run(&cfg(id, USERS, Target::Purchase), || {}).await?;
+            let (r, n) = measured(name, cfg(id, users, Target::Purchase)).await?;
             // Sold out is the answer either way: from memory at the token, or — once the
             // server's note that a bucket is empty has aged and it asks Redis again — at the
             // purchase; and "duplicate" there to the users (the first 2,000) who bought a unit.
@@ -97,12 +164,16 @@ pub async fn rows(
                 r.by_status.get(&410),
                 r.by_status.get(&409),
             ];
-            rows.push(row(name, &r, Some(sold_out.into_iter().flatten().sum())));
+            rows.push(row(name, &r, Some(sold_out.into_iter().flatten().sum()), n));
         }
         if wanted(purchase) {
-            let id = sale(USERS * 2).await?;
-            let r = load::run(&cfg(id, USERS, Target::Purchase), || {}).await?;
-            rows.push(row(purchase, &r, r.by_status.get(&202).copied()));
+            let id = sale(users * 2).await?;
+            if let Some(w) = &worker {
+                w.count_from()?;
+            }
+            let (r, n) = measured(purchase, cfg(id, users, Target::Purchase)).await?;
+            let queued = r.by_status.get(&202).copied();
+            rows.push(row(purchase, &r, queued, n));
             if real {
                 // Not timed: the worker applies what the row queued, so that the sale ends at
                 // rest on the stores and the audit says so.
@@ -111,13 +182,27 @@ pub async fn rows(
                     anyhow::bail!("{purchase}: the sale's audit after the row: {audit}");
                 }
             }
+            if let Some(w) = &worker {
+                let applied = queued.unwrap_or(0);
+                rows.push(Row {
+                    instructions: Some(w.counted(Some(&profile(APPLY_REAL)))? / applied.max(1)),
+                    ..Row::drained(APPLY_REAL, applied, 0.0, 0)
+                });
+            }
         }
+    }
+    if matches!(measure, Measure::Count { .. }) {
+        eprintln!(
+            "callgrind's profiles of the rows (callgrind_annotate FILE): {}",
+            counts.display()
+        );
     }
     Ok(rows)
 }
 
-/// A row of requests per second; `expected`: the answers that count as the route's success.
-fn row(name: &str, r: &LoadReport, expected: Option<u64>) -> Row {
+/// A row of requests per second; `expected`: the answers that count as the route's success;
+/// `instructions`: the server's over the row, if counted.
+fn row(name: &str, r: &LoadReport, expected: Option<u64>, instructions: Option<u64>) -> Row {
     let answers = r.by_status.values().sum::<u64>() + r.tokens_refused.values().sum::<u64>();
     Row {
         name: name.to_string(),
@@ -128,5 +213,6 @@ fn row(name: &str, r: &LoadReport, expected: Option<u64>) -> Row {
         ratio: 0.0,
         errors: r.errors + answers - expected.unwrap_or(0),
         oversold: None,
+        instructions: instructions.map(|n| n / r.requests.max(1)),
     }
 }

@@ -25,6 +25,8 @@ pub(super) struct Proc {
     child: Child,
     pub(super) public: SocketAddr,
     pub(super) admin: SocketAddr,
+    /// Where valgrind's callgrind writes this process's counts, if it runs under it.
+    counts: Option<std::path::PathBuf>,
 }
 
 impl Drop for Proc {
@@ -42,8 +44,40 @@ fn free_addr() -> anyhow::Result<SocketAddr> {
 
 impl Settings {
     pub(super) fn spawn(&self, role: &str, extra: &[(&str, String)]) -> anyhow::Result<Proc> {
+        self.spawn_under(None, role, extra)
+    }
+
+    /// A process whose instructions can be counted: it runs under valgrind's callgrind, its
+    /// counting off until [`Proc::count_from`] (so that it starts at a usable speed); `dir` holds
+    /// its dumps.
+    pub(super) fn spawn_counted(
+        &self,
+        dir: &std::path::Path,
+        role: &str,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Proc> {
+        self.spawn_under(Some(dir), role, extra)
+    }
+
+    fn spawn_under(
+        &self,
+        counts: Option<&std::path::Path>,
+        role: &str,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Proc> {
         let (public, admin) = (free_addr()?, free_addr()?);
-        let child = Command::new(&self.exe)
+        let mut command = match counts {
+            None => Command::new(&self.exe),
+            Some(dir) => {
+                std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+                let mut c = Command::new("valgrind");
+                c.args(["--tool=callgrind", "--instr-atstart=no", "--quiet"])
+                    .arg(format!("--callgrind-out-file={}/callgrind.out", dir.display()))
+                    .arg(&self.exe);
+                c
+            }
+        };
+        let child = command
             .args(["serve", "--roles", role])
             .args([
                 "--listen",
@@ -63,7 +97,12 @@ impl Settings {
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("start seckill serve --roles {role}"))?;
-        Ok(Proc { child, public, admin })
+        Ok(Proc {
+            child,
+            public,
+            admin,
+            counts: counts.map(|d| d.to_path_buf()),
+        })
     }
 
     pub(super) async fn ready(&self, p: &Proc) -> anyhow::Result<()> {
@@ -213,4 +252,92 @@ pub(super) fn cpu_ns(procs: &[Proc]) -> anyhow::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// Counting a process's instructions with callgrind's own control (`callgrind_control`, which
+/// asks the process through valgrind's gdbserver): a figure that does not move with the noise of
+/// a shared box, as a wall-clock rate does.
+impl Proc {
+    /// Count from now on, from zero.
+    pub(super) fn count_from(&self) -> anyhow::Result<()> {
+        self.callgrind_control(&["--instr=on"])?;
+        self.callgrind_control(&["--zero"])
+    }
+
+    /// The instructions run since [`Proc::count_from`]; counting stops. The profile is kept
+    /// as `keep` (for `callgrind_annotate`), if given.
+    pub(super) fn counted(&self, keep: Option<&std::path::Path>) -> anyhow::Result<u64> {
+        let dir = self
+            .counts
+            .as_ref()
+            .context("the process does not run under callgrind")?;
+        self.callgrind_control(&["--dump"])?;
+        self.callgrind_control(&["--instr=off"])?;
+        // Each dump is a file of its own (callgrind.out.N); the one there is this one's, the
+        // earlier ones having been read and removed.
+        let mut dumps: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| dir.display().to_string())?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("callgrind.out."))
+            })
+            .collect();
+        let dump = match dumps.as_mut_slice() {
+            [one] => one.clone(),
+            other => anyhow::bail!(format!(
+                "{}: expected one dump, found {}",
+                dir.display(),
+                other.len()
+            )),
+        };
+        let text = std::fs::read_to_string(&dump).with_context(|| dump.display().to_string())?;
+        match keep {
+            Some(to) => std::fs::rename(&dump, to),
+            None => std::fs::remove_file(&dump),
+        }
+        .with_context(|| dump.display().to_string())?;
+        // The dump's header line `summary: <Ir>` (the only event counted) is its total.
+        text.lines()
+            .find_map(|l| l.strip_prefix("summary:"))
+            .and_then(|n| n.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("{}: no summary line", dump.display()))
+    }
+
+    /// Instructions per second the process runs while nothing is asked of it: the lower of two
+    /// 3 s windows after 2 s left alone (a process just started, or just loaded, is still
+    /// finishing what it began — connecting, its first reads — which is not its upkeep).
+    pub(super) async fn idle_rate(&self) -> anyhow::Result<f64> {
+        const SETTLE: Duration = Duration::from_secs(2);
+        const WINDOW: Duration = Duration::from_secs(3);
+        tokio::time::sleep(SETTLE).await;
+        let mut lowest = f64::INFINITY;
+        for _ in 0..2 {
+            self.count_from()?;
+            let started = std::time::Instant::now();
+            tokio::time::sleep(WINDOW).await;
+            let n = self.counted(None)?;
+            lowest = lowest.min(n as f64 / started.elapsed().as_secs_f64());
+        }
+        Ok(lowest)
+    }
+
+    fn callgrind_control(&self, args: &[&str]) -> anyhow::Result<()> {
+        let out = Command::new("callgrind_control")
+            .args(args)
+            .arg(self.child.id().to_string())
+            .output()
+            .context("callgrind_control (valgrind's; apt-get install valgrind)")?;
+        // It exits 0 when it found no such process, too; each process it reached says OK.
+        if !out.status.success() || !String::from_utf8_lossy(&out.stdout).contains("OK.") {
+            anyhow::bail!(format!(
+                "callgrind_control {} {}: {}{}",
+                args.join(" "),
+                self.child.id(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(())
+    }
 }
