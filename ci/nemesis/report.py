@@ -52,7 +52,7 @@ def write(out, args, started, plan, timeline, results, ops, cpu):
                 failed.append(f"round {r['round']} {name}")
     counts = Counter(f["kind"] for f in timeline)
     lines.append("faults injected: " + ", ".join(f"{k}={n}" for k, n in sorted(counts.items())))
-    not_injected = [f for f in timeline if "FAILED" in f.get("detail", "")]
+    not_injected = [f for f in timeline if f.get("failed")]
     if not_injected:
         lines.append(f"faults that could not be injected: {len(not_injected)}")
     lines.append("timeline (seconds from the start; recovery = until 90% of answers were definite again):")

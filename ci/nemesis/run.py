@@ -135,6 +135,10 @@ class Nemesis:
         self.losses = []  # times Redis may have lost acknowledged writes
         self.kills = []  # (proc name, time)
         self.lock = threading.Lock()
+        # One lock per group (`groups`): the schedule keeps a group's faults apart by their
+        # planned holds, but a fault may outlast its hold (a node slow to rejoin); the next of
+        # its group then waits for it instead of meeting it half done.
+        self.group_locks = {}
 
     def proc(self, name):
         return next(p for p in self.topology.procs if p.name == name)
@@ -227,10 +231,23 @@ class Nemesis:
                 p.signal(signal.SIGCONT)
 
     def run(self, f):
-        """One fault, start to end (blocking: each runs on its own thread)."""
+        """One fault, start to end (blocking: each runs on its own thread), once the faults of
+        its groups before it have ended."""
+        with self.lock:
+            locks = [self.group_locks.setdefault(g, threading.Lock())
+                     for g in sorted(groups(f["kind"], f["target"], self.topology))]
+        for lock in locks:
+            lock.acquire()
+        try:
+            self.inject(f)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
+    def inject(self, f):
         kind, target, hold = f["kind"], f["target"], f["hold"]
         t0 = time.time()
-        detail = ""
+        detail, failed = "", None
         try:
             if kind == "proc_kill":
                 p = self.proc(target)
@@ -339,11 +356,13 @@ class Nemesis:
                 p.start()
                 p.held = False
         except Exception as e:  # a fault that could not be injected is reported, not hidden
-            detail = f"{detail} FAILED: {e}"
+            failed = str(e)
         t1 = time.time()
+        # The error's end is what says why; the word FAILED leads, whatever is cut.
+        detail = f"FAILED: {failed[-190:]}" if failed else detail.strip()[-200:]
         with self.lock:
-            self.timeline.append(dict(f, t0=t0, t1=t1, detail=detail.strip()[-200:]))
-        self.event(f"fault {kind} {target} {hold:.1f}s done {detail.strip()[-120:]}")
+            self.timeline.append(dict(f, t0=t0, t1=t1, detail=detail, failed=failed is not None))
+        self.event(f"fault {kind} {target} {hold:.1f}s done {detail if failed else detail[-120:]}")
 
     def heal(self):
         self.net.heal()

@@ -274,8 +274,8 @@ impl Proc {
         self.callgrind_control(&["--dump"])?;
         self.callgrind_control(&["--instr=off"])?;
         // Each dump is a file of its own (callgrind.out.N); the one there is this one's, the
-        // earlier ones having been read and removed.
-        let mut dumps: Vec<_> = std::fs::read_dir(dir)
+        // earlier ones having been read and moved away or removed.
+        let dumps: Vec<_> = std::fs::read_dir(dir)
             .with_context(|| dir.display().to_string())?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
@@ -283,7 +283,7 @@ impl Proc {
                     .is_some_and(|n| n.to_string_lossy().starts_with("callgrind.out."))
             })
             .collect();
-        let dump = match dumps.as_mut_slice() {
+        let dump = match dumps.as_slice() {
             [one] => one.clone(),
             other => anyhow::bail!(format!(
                 "{}: expected one dump, found {}",
