@@ -76,7 +76,7 @@ class Proc:
             if self.popen is None or self._held or self.alive():
                 return None
             code = self.popen.returncode
-            self.start()
+            self._start()
             return code
 
     @property

@@ -485,8 +485,7 @@ async fn bucket_stock(
     activity: ActivityId,
     buckets: &BTreeSet<BucketNo>,
 ) -> Result<Vec<(BucketNo, i64)>, sqlx::Error> {
-    let buckets = padded(buckets.iter());
-    let marks = vec!["?"; buckets.len()].join(", ");
+    let (buckets, marks) = in_list(buckets.iter());
     let sql = format!(
         "SELECT bucket_no, remaining FROM stock_bucket WHERE activity_id = ? AND bucket_no IN ({marks}) \
          ORDER BY bucket_no FOR UPDATE"
@@ -508,8 +507,7 @@ async fn known_reservations(
     batch: &[Reservation],
 ) -> Result<BTreeSet<ReservationId>, sqlx::Error> {
     let ids: BTreeSet<String> = batch.iter().map(|r| r.id.to_string()).collect();
-    let ids = padded(ids.iter());
-    let marks = vec!["?"; ids.len()].join(", ");
+    let (ids, marks) = in_list(ids.iter());
     let sql = format!("SELECT reservation_id FROM seckill_order WHERE reservation_id IN ({marks})");
     let mut q = sqlx::query_as::<_, (String,)>(sqlx::AssertSqlSafe(sql));
     for id in &ids {
@@ -528,8 +526,7 @@ async fn live_orders(
     activity: ActivityId,
     users: &BTreeSet<UserId>,
 ) -> Result<Vec<(UserId, ReservationId)>, sqlx::Error> {
-    let users = padded(users.iter());
-    let marks = vec!["?"; users.len()].join(", ");
+    let (users, marks) = in_list(users.iter());
     let sql = format!(
         "SELECT live_user, reservation_id FROM seckill_order WHERE activity_id = ? AND live_user IN ({marks})"
     );
@@ -590,6 +587,13 @@ fn padded<T: Clone>(values: impl ExactSizeIterator<Item = T>) -> Vec<T> {
     v
 }
 
+/// An `IN` list's values, `padded`, and its placeholders.
+fn in_list<T: Clone>(values: impl ExactSizeIterator<Item = T>) -> (Vec<T>, String) {
+    let values = padded(values);
+    let marks = vec!["?"; values.len()].join(", ");
+    (values, marks)
+}
+
 /// `rows` in pieces whose sizes are powers of two, largest first (its size's binary digits):
 /// a multi-row insert cannot repeat a row, so it keeps to the few shapes `padded` gives an
 /// `IN` list by running one statement per piece — in the same transaction, rows in order.
@@ -617,12 +621,11 @@ async fn take_stock(
         return Ok(());
     }
     // A bucket repeated (`padded`) repeats its own case: the same update.
-    let all = padded(deltas.iter());
+    let (all, marks) = in_list(deltas.iter());
     let cases = "CASE bucket_no ".to_string() + &"WHEN ? THEN ? ".repeat(all.len()) + "END";
     let sql = format!(
         "UPDATE stock_bucket SET remaining = remaining - {cases} \
-         WHERE activity_id = ? AND bucket_no IN ({}) AND remaining >= {cases}",
-        vec!["?"; all.len()].join(", ")
+         WHERE activity_id = ? AND bucket_no IN ({marks}) AND remaining >= {cases}"
     );
     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
     for (b, units) in &all {
@@ -1200,8 +1203,7 @@ impl Ledger for MysqlLedger {
         let (mut held, mut failed) = (BTreeSet::new(), BTreeSet::new());
         // Bounded statements: at most this many ids per IN list.
         for chunk in ids.chunks(512) {
-            let chunk = padded(chunk.iter());
-            let marks = vec!["?"; chunk.len()].join(", ");
+            let (chunk, marks) = in_list(chunk.iter());
             let sql = format!(
                 "SELECT reservation_id, status FROM seckill_order WHERE activity_id = ? AND reservation_id IN ({marks})"
             );
